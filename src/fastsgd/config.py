@@ -1,0 +1,145 @@
+"""The TOML configuration: schema, defaults, `--set key=value` overrides, validation, writing.
+
+A config is a plain dict of sections. Strategy and compression sections carry options that
+belong to the chosen strategy or codec; their registries validate those keys.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from fastsgd.errors import ConfigError
+from fastsgd.options import Option, at_least, between, one_of, positive, validate_section
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+SCHEMA: dict[str, dict[str, Option]] = {
+    "run": {
+        "workers": Option(int, 4, at_least(1), "number of workers"),
+        "steps": Option(int, 0, at_least(0), "training steps; 0 = use epochs"),
+        "epochs": Option(float, 5.0, positive, "epochs over the training set (if steps = 0)"),
+        "seed": Option(int, 0, doc="seed of model init and data order"),
+        "out": Option(str, "", doc="run directory; empty = runs/<strategy>-<time>"),
+        "eval_every": Option(int, 0, at_least(0), "evaluate every N steps; 0 = at the end"),
+        "target_accuracy": Option(float, 0.0, between(0, 1), "for time_to_target"),
+        "log_every": Option(int, 1, at_least(1), "write metrics.jsonl every N steps"),
+        "backend": Option(str, "auto", one_of(("auto", "gloo", "nccl")), "torch.distributed"),
+        "threads": Option(int, 0, at_least(0), "torch threads per worker; 0 = cores/workers"),
+        "timeout": Option(float, 300.0, positive, "seconds a collective may wait for a peer"),
+    },
+    "data": {
+        "name": Option(str, "fashion_mnist", doc="fashion_mnist | idx | digits | synthetic"),
+        "path": Option(str, "", doc="folder of IDX files (fashion_mnist, idx)"),
+        "batch_size": Option(int, 64, at_least(1), "per worker"),
+    },
+    "model": {"name": Option(str, "lenet", doc="mlp | lenet | resnet20")},
+    "optimizer": {
+        "name": Option(str, "sgd", one_of(("sgd", "adam")), "sgd | adam"),
+        "lr": Option(float, 0.05, positive),
+        "momentum": Option(float, 0.9, between(0, 1)),
+        "weight_decay": Option(float, 0.0, at_least(0)),
+        "nesterov": Option(bool, False),
+    },
+    "strategy": {"name": Option(str, "allreduce", doc="see fastsgd.strategies")},
+    "compression": {"name": Option(str, "none", doc="see fastsgd.compress")},
+    "network": {
+        "bandwidth": Option(str, "10Gbit", doc="simulated link bandwidth, e.g. 100Mbit, 1GB"),
+        "latency": Option(str, "50us", doc="simulated per-message latency, e.g. 20ms"),
+        "compute": Option(str, "measured", doc="'measured' or seconds per step, e.g. 0.01"),
+    },
+}
+OPEN_SECTIONS = ("strategy", "compression")  # their other keys belong to the chosen component
+
+
+def defaults() -> dict[str, dict[str, Any]]:
+    return {s: {k: o.default for k, o in opts.items()} for s, opts in SCHEMA.items()}
+
+
+def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """Read a TOML file (or start from the defaults), apply `key=value` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = read_toml(Path(path))
+    for item in overrides:
+        key, value = parse_override(item)
+        section, _, name = key.partition(".")
+        if not name:
+            raise ConfigError(f"--set {item}: the key must be section.name, e.g. run.workers")
+        raw.setdefault(section, {})[name] = value
+    return validate(raw)
+
+
+def read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"malformed TOML in {path}: {e}") from None
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`a.b=1` -> ('a.b', 1). The value is read as TOML, else taken as a plain string."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected key=value")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    return key.strip(), value
+
+
+def validate(raw: dict) -> dict:
+    """Return a complete config: every section and key filled and checked."""
+    unknown = sorted(set(raw) - set(SCHEMA))
+    if unknown:
+        raise ConfigError(f"unknown config section [{unknown[0]}]; known: {', '.join(SCHEMA)}")
+    config = {}
+    for section, schema in SCHEMA.items():
+        values = raw.get(section, {})
+        if not isinstance(values, dict):
+            raise ConfigError(f"[{section}] must be a table of key = value")
+        ignore = set(values) - set(schema) if section in OPEN_SECTIONS else ()
+        config[section] = validate_section(section, values, schema, ignore)
+    from fastsgd.compress import validate_options as check_codec
+    from fastsgd.strategies import validate_options as check_strategy
+
+    config["strategy"] = check_strategy(config["strategy"])
+    config["compression"] = check_codec(config["compression"])
+    return config
+
+
+def merged(config: dict, **sections: dict) -> dict:
+    """A copy of `config` with some keys of some sections replaced, validated again."""
+    out = copy.deepcopy(config)
+    for section, values in sections.items():
+        out.setdefault(section, {}).update(values)
+    return validate(out)
+
+
+def to_toml(config: dict) -> str:
+    """Write a config (sections of scalars and flat lists) as TOML."""
+    lines = []
+    for section, values in config.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'

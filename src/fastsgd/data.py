@@ -1,0 +1,274 @@
+"""Datasets (IDX files, scikit-learn digits, synthetic) and deterministic per-worker sharding."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fastsgd.errors import UserError
+
+DATASETS = ("digits", "fashion_mnist", "idx", "synthetic")
+FASHION_MNIST_PATH = "/usr/share/datasets/fashion-mnist"
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_IDX_DTYPES = {
+    0x08: np.dtype("u1"),
+    0x09: np.dtype("i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+def _read_bytes(path: Path) -> bytes:
+    """Return the file's content, decompressed when it starts with the gzip magic bytes."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read IDX file {path}: {exc.strerror or exc}") from exc
+    if not raw.startswith(_GZIP_MAGIC):
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise UserError(f"corrupt gzip data in IDX file {path}: {exc}") from exc
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Read an IDX file (raw or gzipped) into a native-endian numpy array."""
+    path = Path(path)
+    data = _read_bytes(path)
+    if len(data) < 4 or data[0] != 0 or data[1] != 0:
+        raise UserError(f"not an IDX file (bad magic number): {path}")
+    dtype = _IDX_DTYPES.get(data[2])
+    if dtype is None:
+        raise UserError(f"unsupported IDX dtype code 0x{data[2]:02X} in {path}")
+    ndims = data[3]
+    header = 4 + 4 * ndims
+    if ndims == 0 or len(data) < header:
+        raise UserError(f"truncated or invalid IDX header in {path}")
+    dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndims, offset=4))
+    expected = math.prod(dims) * dtype.itemsize
+    if len(data) - header != expected:
+        raise UserError(
+            f"IDX payload of {path} has {len(data) - header} bytes, "
+            f"expected {expected} for dims {dims}"
+        )
+    array = np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
+    return array.astype(dtype.newbyteorder("="), copy=True)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A normalized image classification dataset: x is float32 (N, C, H, W), y is int64."""
+
+    name: str
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """Shape (C, H, W) of one input sample."""
+        c, h, w = self.train_x.shape[1:]
+        return int(c), int(h), int(w)
+
+
+def _make_dataset(name: str, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]) -> Dataset:
+    """Normalize inputs per channel with the train set's mean/std and build a Dataset."""
+    train_x = train[0].to(torch.float32, copy=True)
+    test_x = test[0].to(torch.float32, copy=True)
+    mean = train_x.mean(dim=(0, 2, 3), keepdim=True)
+    std = train_x.std(dim=(0, 2, 3), keepdim=True)
+    std = torch.where(std > 1e-8, std, torch.ones_like(std))
+    train_y, test_y = train[1].long(), test[1].long()
+    num_classes = int(max(train_y.max(), test_y.max())) + 1
+    return Dataset(
+        name=name,
+        train_x=train_x.sub_(mean).div_(std),
+        train_y=train_y,
+        test_x=test_x.sub_(mean).div_(std),
+        test_y=test_y,
+        num_classes=num_classes,
+    )
+
+
+def _idx_names(split: str, kind: str) -> list[str]:
+    """Accepted file names for one IDX file, e.g. train-images-idx3-ubyte[.gz]."""
+    suffix = "idx3-ubyte" if kind == "images" else "idx1-ubyte"
+    bases = [f"{split}-{kind}-{suffix}", f"{split}-{kind}.{suffix}"]
+    return [name for base in bases for name in (base, base + ".gz")]
+
+
+def _find_idx(folder: Path, split: str, kind: str) -> Path | None:
+    """Return the path of an IDX file in folder, or None when it is missing."""
+    for name in _idx_names(split, kind):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def _load_idx_split(images: Path, labels: Path) -> tuple[Tensor, Tensor]:
+    """Load one split's images (N, rows, cols) and labels (N,) as tensors."""
+    x, y = read_idx(images), read_idx(labels)
+    if x.ndim != 3:
+        raise UserError(f"IDX images {images} must have 3 dims (N, rows, cols), got {x.shape}")
+    if y.ndim != 1 or y.dtype.kind not in "iu":
+        raise UserError(f"IDX labels {labels} must be a 1-dim integer array, got {y.shape}")
+    if len(x) != len(y):
+        raise UserError(f"{images} has {len(x)} images but {labels} has {len(y)} labels")
+    if len(y) == 0 or y.min() < 0:
+        raise UserError(f"IDX labels {labels} are empty or negative")
+    return torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y.astype(np.int64))
+
+
+def _load_idx_folder(name: str, folder: Path, missing_hint: str | None) -> Dataset:
+    """Load train/t10k images and labels from an IDX folder."""
+    splits = []
+    for split in ("train", "t10k"):
+        files = [_find_idx(folder, split, kind) for kind in ("images", "labels")]
+        for kind, found in zip(("images", "labels"), files, strict=True):
+            if found is None:
+                if missing_hint is not None:
+                    raise UserError(missing_hint)
+                wanted = _idx_names(split, kind)[0]
+                raise UserError(f"IDX file {wanted}[.gz] not found in {folder} (data.path)")
+        splits.append(_load_idx_split(files[0], files[1]))
+    return _make_dataset(name, splits[0], splits[1])
+
+
+def _load_fashion_mnist(path: str | None) -> Dataset:
+    """Load Fashion-MNIST from the system dataset folder or from `path`."""
+    folder = Path(path or FASHION_MNIST_PATH)
+    hint = (
+        f"Fashion-MNIST not found in {folder}: install it with "
+        "`apt-get install dataset-fashion-mnist` or set data.path to a folder of IDX files"
+    )
+    return _load_idx_folder("fashion_mnist", folder, hint)
+
+
+def _load_idx(path: str | None) -> Dataset:
+    """Load any IDX folder (MNIST, KMNIST, ...) given by `path`."""
+    if not path:
+        raise UserError("dataset 'idx' needs data.path set to a folder of IDX files")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"IDX folder not found: {folder} (data.path)")
+    return _load_idx_folder("idx", folder, None)
+
+
+def _random_split(
+    x: Tensor, y: Tensor, n_test: int, seed: int
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """Split (x, y) into train/test with a permutation seeded by `seed`."""
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    test_idx, train_idx = perm[:n_test], perm[n_test:]
+    return (x[train_idx], y[train_idx]), (x[test_idx], y[test_idx])
+
+
+def _load_digits(seed: int) -> Dataset:
+    """scikit-learn's 8x8 digits, split 80/20 deterministically by `seed`."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.from_numpy(digits.images.astype(np.float32)).unsqueeze(1)
+    y = torch.from_numpy(digits.target.astype(np.int64))
+    train, test = _random_split(x, y, round(0.2 * len(x)), seed)
+    return _make_dataset("digits", train, test)
+
+
+def _load_synthetic(seed: int, n_train: int = 2048, n_test: int = 512) -> Dataset:
+    """A learnable 10-class problem: labels from a seeded random linear teacher on 1x8x8."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_train + n_test, 64, generator=gen)
+    weight = torch.randn(64, 10, generator=gen)
+    bias = 0.5 * torch.randn(10, generator=gen)
+    y = (x @ weight + bias).argmax(dim=1)
+    x = x.reshape(-1, 1, 8, 8)
+    return _make_dataset("synthetic", (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:]))
+
+
+def load_dataset(name: str, path: str | None = None, seed: int = 0) -> Dataset:
+    """Load dataset `name` (one of DATASETS); `path` is the IDX folder where relevant."""
+    if name == "fashion_mnist":
+        return _load_fashion_mnist(path)
+    if name == "idx":
+        return _load_idx(path)
+    if name == "digits":
+        return _load_digits(seed)
+    if name == "synthetic":
+        return _load_synthetic(seed)
+    raise UserError(f"unknown dataset {name!r} (data.name); choose one of: {', '.join(DATASETS)}")
+
+
+class Shard:
+    """One worker's view of the train set for synchronous data-parallel training.
+
+    Epoch e permutes the whole train set with seed + e and cuts it into global batches of
+    batch_size * world_size samples (the incomplete last one is dropped); worker `rank` gets
+    the slice [rank * batch_size:(rank + 1) * batch_size] of each global batch.
+    """
+
+    def __init__(
+        self, x: Tensor, y: Tensor, batch_size: int, rank: int, world_size: int, seed: int
+    ) -> None:
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise UserError(f"invalid worker rank {rank} for world size {world_size}")
+        if batch_size < 1:
+            raise UserError(f"data.batch_size must be positive, got {batch_size}")
+        self.x, self.y = x, y
+        self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
+        self._steps = len(x) // (batch_size * world_size)
+        if self._steps == 0:
+            raise UserError(
+                f"data.batch_size {batch_size} x {world_size} workers exceeds "
+                f"the {len(x)} training samples"
+            )
+        self._epoch = -1
+        self._perm = torch.empty(0, dtype=torch.long)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Number of global batches in one epoch."""
+        return self._steps
+
+    def _permutation(self, epoch: int) -> Tensor:
+        """The permutation of the train set for `epoch` (cached for the current epoch)."""
+        if epoch != self._epoch:
+            gen = torch.Generator().manual_seed(self.seed + epoch)
+            self._perm = torch.randperm(len(self.x), generator=gen)
+            self._epoch = epoch
+        return self._perm
+
+    def batch(self, step: int) -> tuple[Tensor, Tensor]:
+        """This worker's (x, y) batch for global step `step`."""
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        epoch, k = divmod(step, self._steps)
+        start = k * self.batch_size * self.world_size + self.rank * self.batch_size
+        idx = self._permutation(epoch)[start : start + self.batch_size]
+        return self.x[idx], self.y[idx]
+
+
+def test_batches(x: Tensor, y: Tensor, batch_size: int = 1000) -> Iterator[tuple[Tensor, Tensor]]:
+    """Yield (x, y) evaluation batches in order; the last one may be smaller."""
+    if batch_size < 1:
+        raise UserError(f"evaluation batch size must be positive, got {batch_size}")
+    for start in range(0, len(x), batch_size):
+        yield x[start : start + batch_size], y[start : start + batch_size]
+
+
+test_batches.__test__ = False  # not a pytest test, despite the name

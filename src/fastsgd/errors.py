@@ -1,0 +1,12 @@
+"""Errors a user can cause. The CLI prints them as one line, without a traceback."""
+
+
+class UserError(Exception):
+    """A mistake in the configuration, the data or the environment that the user can fix.
+
+    The message names the culprit (a config key, a file, a worker rank).
+    """
+
+
+class ConfigError(UserError):
+    """An invalid configuration: unknown key, wrong type or range, malformed file."""

@@ -1,0 +1,47 @@
+"""Per-iteration timers and the run directory's JSON Lines files (a stable contract)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+PHASES = ("io", "h2d", "forward", "backward", "aggregation", "update")
+
+
+class JsonLines:
+    """Appends JSON objects to a file; each flush is one write() on an O_APPEND descriptor, so
+    several processes (or simulated workers) can share the file without interleaving lines."""
+
+    def __init__(self, path: Path, flush_every: int = 50):
+        self.path = Path(path)
+        self.flush_every = flush_every
+        self._lines: list[str] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._lines.append(json.dumps(record, allow_nan=True) + "\n")
+        if len(self._lines) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._lines:
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, "".join(self._lines).encode())
+        finally:
+            os.close(fd)
+        self._lines = []
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,81 @@
+"""Typed, range-checked settings: the one schema used by the config file, the CLI and the API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fastsgd.errors import ConfigError
+
+Check = Callable[[Any], "str | None"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its type, default, an optional range check and a line of documentation."""
+
+    type: type
+    default: Any
+    check: Check | None = None
+    doc: str = ""
+
+    def validate(self, key: str, value: Any) -> Any:
+        """Return `value` converted to this option's type, or raise ConfigError naming `key`."""
+        value = _coerce(self.type, value)
+        if value is None:
+            raise ConfigError(f"{key} must be of type {self.type.__name__}, got {value!r}")
+        problem = self.check(value) if self.check else None
+        if problem:
+            raise ConfigError(f"{key} {problem}, got {value!r}")
+        return value
+
+
+def _coerce(kind: type, value: Any) -> Any:
+    if kind is bool:
+        return value if isinstance(value, bool) else None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind in (int, float) and isinstance(value, bool):
+        return None
+    return value if isinstance(value, kind) else None
+
+
+def at_least(low: float) -> Check:
+    return lambda v: None if v >= low else f"must be >= {low}"
+
+
+def positive(v: float) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def between(low: float, high: float) -> Check:
+    return lambda v: None if low <= v <= high else f"must be in [{low}, {high}]"
+
+
+def one_of(choices: Iterable[str]) -> Check:
+    allowed = tuple(choices)
+    return lambda v: None if v in allowed else f"must be one of {', '.join(allowed)}"
+
+
+def validate_section(section: str, values: dict[str, Any], schema: dict[str, Option],
+                     ignore: Iterable[str] = ()) -> dict[str, Any]:
+    """Fill defaults and check every key of `values` against `schema`; unknown keys are errors."""
+    skip = set(ignore)
+    unknown = sorted(set(values) - set(schema) - skip)
+    if unknown:
+        raise ConfigError(unknown_key_message(f"{section}.{unknown[0]}", section, schema))
+    out = {k: values[k] for k in skip if k in values}
+    for key, option in schema.items():
+        out[key] = option.validate(f"{section}.{key}", values.get(key, option.default))
+    return out
+
+
+def unknown_key_message(key: str, section: str, schema: dict[str, Option]) -> str:
+    import difflib
+
+    name = key.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(name, list(schema), n=1)
+    hint = f" (did you mean {section}.{close[0]}?)" if close else ""
+    known = ", ".join(sorted(schema)) or "none"
+    return f"unknown config key '{key}'{hint}; known keys in [{section}]: {known}"

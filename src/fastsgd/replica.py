@@ -1,0 +1,74 @@
+"""The paper's contract for a user who keeps their own loop.
+
+    transport = fastsgd.connect()                      # under torchrun
+    replica = fastsgd.Replica(model, transport, "allreduce")
+    for x, y in my_loader:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        replica.sync_gradients()                       # peers' gradients are now in p.grad
+        optimizer.step()
+        replica.sync_parameters()                      # parameter exchange, if the strategy has one
+
+fastsgd moves the gradients; the user's optimizer applies them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fastsgd.compress import Compressor, Identity, build_compressor
+from fastsgd.strategies import Context, Strategy, build_strategy
+from fastsgd.transport.base import Transport
+
+
+class Replica:
+    """One worker's model replica, bound to a global strategy over a transport."""
+
+    def __init__(self, model: torch.nn.Module, transport: Transport,
+                 strategy: Strategy | str = "allreduce",
+                 compressor: Compressor | str | None = None):
+        if isinstance(strategy, str):
+            strategy = build_strategy({"name": strategy})
+        if isinstance(compressor, str):
+            compressor = build_compressor({"name": compressor})
+        self.model = model
+        self.params = list(model.parameters())
+        self.strategy = strategy
+        self.ctx = Context(transport, compressor or Identity())
+        self.broadcast_from(0)
+        self.state: dict[str, Any] = strategy.init(self.params, self.ctx)
+
+    @property
+    def transport(self) -> Transport:
+        return self.ctx.transport
+
+    def broadcast_from(self, src: int) -> None:
+        """Make every replica start from rank `src`'s parameters and buffers."""
+        with torch.no_grad():
+            for t in [*self.params, *self.model.buffers()]:
+                self.transport.broadcast(t.data, src)
+
+    def sync_gradients(self) -> None:
+        """Between backward and the optimizer step."""
+        self.strategy.on_gradients(self.params, self.state, self.ctx)
+
+    def sync_parameters(self) -> None:
+        """After the optimizer step; ends the iteration."""
+        self.strategy.on_parameters(self.params, self.state, self.ctx)
+        self.ctx.step += 1
+
+    def consensus_distance(self) -> float:
+        """Mean over workers of the squared distance of their parameters to the average."""
+        with torch.no_grad():
+            flat = torch.cat([p.detach().reshape(-1).double() for p in self.params])
+            mean = flat.clone()
+            self.transport.all_reduce(mean)
+            mean /= self.transport.world_size
+            spread = ((flat - mean) ** 2).sum().reshape(1)
+            self.transport.all_reduce(spread)
+            return float(spread) / self.transport.world_size
+
+    def close(self) -> None:
+        self.strategy.close()

@@ -1,0 +1,51 @@
+"""The Strategy protocol: how a worker's gradients or parameters meet its peers'.
+
+A strategy talks only to `ctx.transport` (real processes or the simulator alike). Its
+`state` holds tensors and numbers only, so a checkpoint is the state; runtime handles
+(hooks, handles in flight) live on the strategy object and are rebuilt by `init`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from fastsgd.compress.base import Compressor
+from fastsgd.options import Option
+from fastsgd.transport.base import Transport
+
+
+@dataclass
+class Context:
+    """What a strategy may use: the transport, the codec, the step number; `stats` is where
+    it reports per-step figures the worker logs (e.g. `staleness`)."""
+
+    transport: Transport
+    compressor: Compressor
+    step: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class Strategy(Protocol):
+    name: str
+    OPTIONS: dict[str, Option]
+
+    def init(self, params: list[torch.nn.Parameter], ctx: Context) -> dict[str, Any]:
+        """Prepare for training `params`; return the strategy's state."""
+        ...
+
+    def on_gradients(self, params: list[torch.nn.Parameter], state: dict[str, Any],
+                     ctx: Context) -> None:
+        """After backward, before the optimizer: leave in `p.grad` what the optimizer applies."""
+        ...
+
+    def on_parameters(self, params: list[torch.nn.Parameter], state: dict[str, Any],
+                      ctx: Context) -> None:
+        """After the optimizer step: exchange or mix parameters if the strategy does."""
+        ...
+
+    def close(self) -> None:
+        """Release runtime handles (hooks)."""
+        ...

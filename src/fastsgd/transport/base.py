@@ -1,0 +1,87 @@
+"""The Transport protocol: the only way strategies move bytes between workers.
+
+Two implementations share it: `TorchTransport` (real processes, torch.distributed) and
+`SimTransport` (logical workers in one process on a virtual clock). Byte counters follow
+the same rules in both, so their figures can be compared.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+class Handle(Protocol):
+    """An operation in flight; `wait()` returns once its result is in place."""
+
+    def wait(self) -> None: ...
+
+
+class Done:
+    """The handle of an operation that has already completed."""
+
+    def wait(self) -> None:
+        return None
+
+
+@runtime_checkable
+class Transport(Protocol):
+    rank: int
+    world_size: int
+    device: torch.device
+    bytes_sent: int
+    bytes_received: int
+
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
+        """Sum `tensor` over all workers, in place."""
+        ...
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every worker's `tensor` (same shape on all), in rank order."""
+        ...
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        """Overwrite `tensor` with rank `src`'s, in place."""
+        ...
+
+    def send(self, tensor: torch.Tensor, dst: int) -> Handle:
+        """Start sending `tensor` to `dst`; the receiver must post a matching `recv`."""
+        ...
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        """Block until a tensor from `src` has arrived, written into `tensor`."""
+        ...
+
+    def barrier(self) -> None: ...
+
+    def now(self) -> float:
+        """Seconds since the transport started: wall clock, or the virtual clock."""
+        ...
+
+    def off_clock(self) -> None:
+        """Exclude the time since the last call from the simulated clock (no-op when real)."""
+        ...
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def ring_allreduce_bytes(size: int, world_size: int) -> int:
+    """Bytes one worker sends in a ring all-reduce of `size` bytes: 2(n-1)/n * size.
+
+    (Reduce-scatter then all-gather, each n-1 chunks of size/n; nccl-tests PERFORMANCE.md.)
+    """
+    n = world_size
+    return 0 if n == 1 else (2 * (n - 1) * size) // n
+
+
+def ring_allgather_bytes(size: int, world_size: int) -> int:
+    """Bytes one worker sends when every worker's `size`-byte tensor reaches all: (n-1)*size."""
+    return (world_size - 1) * size
+
+
+def tree_broadcast_bytes(size: int, world_size: int, rank: int, src: int) -> int:
+    """Bytes counted for a broadcast: the source sends its tensor once to each peer."""
+    return size * (world_size - 1) if rank == src else 0

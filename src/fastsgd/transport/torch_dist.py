@@ -1,0 +1,117 @@
+"""TorchTransport: real processes over torch.distributed (gloo on CPU, NCCL on GPU).
+
+Collectives issued with `async_op=True` run on the process group's own communication
+threads (gloo) or stream (NCCL) while the caller goes on computing: that is how the
+all-reduce of one gradient bucket overlaps the backward pass of the next layers.
+Bytes are counted by the same per-algorithm rules as the simulator (transport/base.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from fastsgd.errors import UserError
+from fastsgd.transport.base import (
+    Done,
+    Handle,
+    nbytes,
+    ring_allgather_bytes,
+    ring_allreduce_bytes,
+    tree_broadcast_bytes,
+)
+
+
+class _Work:
+    def __init__(self, work: dist.Work):
+        self._work = work
+
+    def wait(self) -> None:
+        self._work.wait()
+
+
+def pick_backend(backend: str = "auto") -> str:
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise UserError("run.backend = 'nccl' needs CUDA, and no GPU is visible")
+    return backend
+
+
+class TorchTransport:
+    """One worker process of a torch.distributed job, joined through env:// rendezvous.
+
+    MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE come from the environment (torchrun sets
+    them; `Job.run` sets them for its local processes).
+    """
+
+    def __init__(self, backend: str = "auto", timeout: float = 300.0):
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+                   if k not in os.environ]
+        if missing:
+            raise UserError(f"torch.distributed rendezvous needs {', '.join(missing)} in the "
+                            "environment (start the script with torchrun)")
+        backend = pick_backend(backend)
+        self.device = torch.device("cpu")
+        if backend == "nccl":
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(self.device)
+        if not dist.is_initialized():
+            dist.init_process_group(backend, init_method="env://",
+                                    timeout=datetime.timedelta(seconds=timeout))
+        self.backend = backend
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._start = time.perf_counter()
+
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
+        size = ring_allreduce_bytes(nbytes(tensor), self.world_size)
+        self._count(size, size)
+        work = dist.all_reduce(tensor, async_op=async_op)
+        return _Work(work) if async_op else Done()
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        size = ring_allgather_bytes(nbytes(tensor), self.world_size)
+        self._count(size, size)
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(out, tensor)
+        return out
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        size = nbytes(tensor)
+        self._count(tree_broadcast_bytes(size, self.world_size, self.rank, src),
+                    0 if self.rank == src else size)
+        dist.broadcast(tensor, src)
+
+    def send(self, tensor: torch.Tensor, dst: int) -> Handle:
+        self._count(nbytes(tensor), 0)
+        return _Work(dist.isend(tensor, dst))
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        dist.recv(tensor, src)
+        self._count(0, nbytes(tensor))
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - self._start
+
+    def off_clock(self) -> None:
+        """Real time cannot be paused; kept for symmetry with the simulator."""
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _count(self, sent: int, received: int) -> None:
+        self.bytes_sent += sent
+        self.bytes_received += received

@@ -1,0 +1,204 @@
+"""Tests for fastsgd.data: IDX reading, dataset loading and deterministic sharding."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastsgd import data
+from fastsgd.data import Shard, load_dataset, read_idx
+from fastsgd.errors import UserError
+
+_CODES = {"u1": 0x08, "i1": 0x09, "i2": 0x0B, "i4": 0x0C, "f4": 0x0D, "f8": 0x0E}
+FASHION = Path(data.FASHION_MNIST_PATH)
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """Encode an array as IDX (big-endian)."""
+    code = _CODES[array.dtype.str[1:]]
+    header = struct.pack(">BBBB", 0, 0, code, array.ndim)
+    header += struct.pack(f">{array.ndim}I", *array.shape)
+    return header + array.astype(array.dtype.newbyteorder(">")).tobytes()
+
+
+def write_idx(path: Path, array: np.ndarray, gz: bool = False) -> Path:
+    """Write an IDX file, gzipped when `gz`."""
+    payload = idx_bytes(array)
+    path.write_bytes(gzip.compress(payload) if gz else payload)
+    return path
+
+
+def make_idx_folder(folder: Path, gz: bool = True) -> Path:
+    """A tiny MNIST-like IDX folder: 40 train and 12 test 6x5 images, 3 classes."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = ".gz" if gz else ""
+    for split, n in (("train", 40), ("t10k", 12)):
+        images = rng.integers(0, 256, size=(n, 6, 5), dtype=np.uint8)
+        labels = (np.arange(n) % 3).astype(np.uint8)
+        write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", images, gz)
+        write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", labels, gz)
+    return folder
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("dtype", ["u1", "i1", "i2", "i4", "f4", "f8"])
+def test_read_idx_round_trip(tmp_path: Path, gz: bool, dtype: str) -> None:
+    array = (np.arange(2 * 3 * 4) - 7).reshape(2, 3, 4).astype(dtype)
+    got = read_idx(write_idx(tmp_path / "a.idx", array, gz))
+    assert got.shape == array.shape
+    assert got.dtype == np.dtype(dtype).newbyteorder("=")
+    np.testing.assert_array_equal(got, array)
+
+
+def test_read_idx_detects_gzip_by_magic_not_name(tmp_path: Path) -> None:
+    array = np.arange(10, dtype=np.uint8)
+    gz_without_suffix = write_idx(tmp_path / "labels", array, gz=True)
+    raw_with_suffix = write_idx(tmp_path / "labels.gz", array, gz=False)
+    np.testing.assert_array_equal(read_idx(gz_without_suffix), array)
+    np.testing.assert_array_equal(read_idx(raw_with_suffix), array)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_idx_truncated_payload(tmp_path: Path, gz: bool) -> None:
+    payload = idx_bytes(np.zeros((4, 3), dtype=np.float32))[:-5]
+    path = tmp_path / "short.idx"
+    path.write_bytes(gzip.compress(payload) if gz else payload)
+    with pytest.raises(UserError, match="short.idx"):
+        read_idx(path)
+
+
+def test_read_idx_truncated_gzip_stream(tmp_path: Path) -> None:
+    path = tmp_path / "cut.gz"
+    path.write_bytes(gzip.compress(idx_bytes(np.zeros(100, dtype=np.uint8)))[:-12])
+    with pytest.raises(UserError, match="cut.gz"):
+        read_idx(path)
+
+
+@pytest.mark.parametrize(
+    "content", [b"\x01\x00\x08\x01\x00\x00\x00\x00", b"\x00\x00\x07\x01\x00\x00\x00\x00", b"\x00"]
+)
+def test_read_idx_bad_magic(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "bad.idx"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match="bad.idx"):
+        read_idx(path)
+
+
+def test_read_idx_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="nope.idx"):
+        read_idx(tmp_path / "nope.idx")
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_load_idx_folder(tmp_path: Path, gz: bool) -> None:
+    ds = load_dataset("idx", path=str(make_idx_folder(tmp_path / "mini", gz)))
+    assert ds.name == "idx"
+    assert ds.train_x.shape == (40, 1, 6, 5) and ds.test_x.shape == (12, 1, 6, 5)
+    assert ds.train_x.dtype == torch.float32 and ds.train_y.dtype == torch.int64
+    assert ds.input_shape == (1, 6, 5) and ds.num_classes == 3
+    assert abs(float(ds.train_x.mean())) < 1e-4
+    assert abs(float(ds.train_x.std()) - 1.0) < 1e-3
+
+
+def test_load_idx_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="data.path"):
+        load_dataset("idx")
+    folder = make_idx_folder(tmp_path / "mini")
+    (folder / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(UserError, match="t10k-labels-idx1-ubyte"):
+        load_dataset("idx", path=str(folder))
+
+
+def test_missing_fashion_mnist(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="apt-get install dataset-fashion-mnist") as info:
+        load_dataset("fashion_mnist", path=str(tmp_path / "empty"))
+    assert str(tmp_path / "empty") in str(info.value)
+
+
+def test_unknown_dataset() -> None:
+    with pytest.raises(UserError, match="'foo'.*data.name.*digits, fashion_mnist, idx, synthetic"):
+        load_dataset("foo")
+
+
+@pytest.mark.parametrize("name", ["digits", "synthetic"])
+def test_builtin_datasets_deterministic(name: str) -> None:
+    a, b, c = load_dataset(name, seed=1), load_dataset(name, seed=1), load_dataset(name, seed=2)
+    assert a.input_shape == (1, 8, 8) and a.num_classes == 10
+    assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
+    assert not torch.equal(a.train_x, c.train_x)
+
+
+def test_builtin_dataset_sizes() -> None:
+    digits = load_dataset("digits")
+    assert len(digits.train_x) + len(digits.test_x) == 1797
+    assert len(digits.test_x) == round(0.2 * 1797) and len(digits.train_y) == len(digits.train_x)
+    synth = load_dataset("synthetic")
+    assert synth.train_x.shape == (2048, 1, 8, 8) and synth.test_x.shape == (512, 1, 8, 8)
+    assert len(torch.unique(synth.train_y)) == 10
+
+
+def _toy(n: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.arange(n, dtype=torch.float32).reshape(n, 1, 1, 1)
+    return x, torch.arange(n)
+
+
+def test_sharding_matches_single_worker() -> None:
+    x, y = _toy()
+    world, b = 4, 16
+    single = Shard(x, y, batch_size=world * b, rank=0, world_size=1, seed=5)
+    ranks = [Shard(x, y, batch_size=b, rank=r, world_size=world, seed=5) for r in range(world)]
+    assert single.steps_per_epoch == ranks[0].steps_per_epoch == 1000 // 64
+    epochs = []
+    for step in range(2 * single.steps_per_epoch + 1):
+        parts = [shard.batch(step) for shard in ranks]
+        gx, gy = single.batch(step)
+        assert torch.equal(torch.cat([p[0] for p in parts]), gx)
+        assert torch.equal(torch.cat([p[1] for p in parts]), gy)
+        assert all(len(p[1]) == b for p in parts)
+        assert len(torch.unique(gy)) == world * b  # ranks never overlap
+        epochs.append(gy)
+    seen = torch.cat(epochs[: single.steps_per_epoch])
+    assert len(torch.unique(seen)) == len(seen)  # no sample twice within an epoch
+    assert not torch.equal(epochs[0], epochs[single.steps_per_epoch])  # reshuffled
+
+
+def test_shard_epoch_permutation_is_seeded() -> None:
+    x, y = _toy(100)
+    shard = Shard(x, y, batch_size=10, rank=0, world_size=1, seed=7)
+    perm = torch.randperm(100, generator=torch.Generator().manual_seed(7 + 1))
+    assert torch.equal(shard.batch(10 + 3)[1], perm[30:40])
+    assert torch.equal(
+        shard.batch(2)[1], torch.randperm(100, generator=torch.Generator().manual_seed(7))[20:30]
+    )
+
+
+def test_steps_per_epoch_and_errors() -> None:
+    x, y = _toy(100)
+    assert Shard(x, y, batch_size=8, rank=1, world_size=3, seed=0).steps_per_epoch == 4
+    with pytest.raises(UserError, match="data.batch_size"):
+        Shard(x, y, batch_size=30, rank=0, world_size=4, seed=0)
+    with pytest.raises(UserError, match="data.batch_size"):
+        Shard(x, y, batch_size=0, rank=0, world_size=1, seed=0)
+    with pytest.raises(UserError, match="rank"):
+        Shard(x, y, batch_size=1, rank=2, world_size=2, seed=0)
+
+
+def test_test_batches_cover_everything_in_order() -> None:
+    x, y = _toy(25)
+    batches = list(data.test_batches(x, y, batch_size=10))
+    assert [len(bx) for bx, _ in batches] == [10, 10, 5]
+    assert torch.equal(torch.cat([by for _, by in batches]), y)
+
+
+@pytest.mark.skipif(not FASHION.is_dir(), reason=f"{FASHION} is missing")
+def test_fashion_mnist_loads() -> None:
+    ds = load_dataset("fashion_mnist")
+    assert ds.train_x.shape == (60000, 1, 28, 28) and ds.test_x.shape == (10000, 1, 28, 28)
+    assert ds.train_y.shape == (60000,) and ds.num_classes == 10
+    assert ds.input_shape == (1, 28, 28)
