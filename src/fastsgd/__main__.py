@@ -1,0 +1,5 @@
+import sys
+
+from fastsgd.cli import main
+
+sys.exit(main())

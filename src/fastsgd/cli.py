@@ -1,0 +1,65 @@
+"""`fastsgd run|simulate|demo`: the command line. User errors end in one line, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fastsgd.errors import UserError
+
+USAGE_EXAMPLES = """examples:
+  fastsgd demo
+  fastsgd run --set run.workers=2 --set model.name=mlp
+  fastsgd simulate my.toml --set run.workers=64 --set network.bandwidth=100Mbit
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fastsgd", epilog=USAGE_EXAMPLES, formatter_class=argparse.RawTextHelpFormatter,
+        description="FAST: Flexible (A)synchronous Scalable Training")
+    sub = parser.add_subparsers(dest="command", required=True)
+    helps = {"run": "train on real worker processes (torch.distributed)",
+             "simulate": "train on a simulated cluster (virtual clock and network)",
+             "demo": "LeNet on Fashion-MNIST, 4 worker processes, synchronous all-reduce"}
+    for name, text in helps.items():
+        p = sub.add_parser(name, help=text, description=text)
+        if name != "demo":
+            p.add_argument("config", nargs="?", help="TOML file (default: the demo's settings)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override one key, e.g. --set run.workers=8 (repeatable)")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except UserError as e:
+        print(f"fastsgd: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fastsgd: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from fastsgd import config as cfg
+    from fastsgd.job import Job
+    from fastsgd.report import text_report
+
+    config = cfg.load(getattr(args, "config", None), args.set)
+    job = Job(config=config, quiet=args.quiet)
+    if args.command == "demo":
+        print(f"fastsgd demo: {config['model']['name']} on {config['data']['name']}, "
+              f"{config['run']['workers']} worker processes, {config['strategy']['name']}",
+              file=sys.stderr)
+    result = job.simulate() if args.command == "simulate" else job.run()
+    if result.summary is not None:
+        print(text_report(result.run_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

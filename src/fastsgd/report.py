@@ -1,0 +1,50 @@
+"""Plain-text reports of run directories (read from the run-directory contract only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import median
+
+from fastsgd.metrics import PHASES, read_jsonl
+
+
+def phase_breakdown(metrics: list[dict]) -> dict[str, float]:
+    """Median seconds per step of each phase, over all workers and logged steps
+    (the first step, which pays one-time costs, is left out when there are others)."""
+    rows = [m for m in metrics if m["step"] > 1] or metrics
+    return {p: median(m[p] for m in rows) for p in PHASES} if rows else {}
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def text_report(run_dir: str | Path) -> str:
+    run_dir = Path(run_dir)
+    s = json.loads((run_dir / "summary.json").read_text())
+    clock = s["simulated_time"] if s["simulated_time"] is not None else s["wall_time"]
+    kind = "simulated" if s["mode"] == "simulated" else "wall"
+    lines = [
+        f"strategy {s['strategy']} | compressor {s['compressor']} | {s['workers']} workers "
+        f"| {s['steps']} steps ({s['epochs']:.2f} epochs, global batch {s['global_batch']})",
+        f"test accuracy  {s['final_accuracy']:.2%}   (loss {s['final_loss']:.4f})",
+        f"training time  {clock:.1f} s {kind}"
+        + (f", time to {s['target_accuracy']:.0%}: " + (f"{s['time_to_target']:.1f} s"
+           if s["time_to_target"] is not None else "not reached")
+           if s.get("target_accuracy") else ""),
+        f"bytes sent     {human_bytes(s['bytes_sent_total'])} by all workers",
+        f"consensus      {s['consensus_distance']:.3g} (mean squared distance to the average)",
+    ]
+    metrics_path = run_dir / "metrics.jsonl"
+    if metrics_path.exists():
+        phases = phase_breakdown(read_jsonl(metrics_path))
+        if phases:
+            lines.append("per step (ms)  " + "  ".join(f"{p} {v * 1e3:.2f}"
+                                                       for p, v in phases.items()))
+    lines.append(f"run directory  {run_dir}")
+    return "\n".join(lines)

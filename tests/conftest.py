@@ -1,0 +1,35 @@
+import os
+
+import pytest
+import torch
+
+from fastsgd.data import load_dataset
+from fastsgd.models import build_model
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def synthetic():
+    return load_dataset("synthetic", seed=0)
+
+
+def reference_sgd(dataset, batch_size, steps, lr=0.05, momentum=0.9, seed=0, model="mlp"):
+    """Plain PyTorch, one worker, the same samples in the same order: the ground truth."""
+    from fastsgd.data import Shard
+
+    torch.manual_seed(seed)
+    net = build_model(model, dataset.input_shape, dataset.num_classes)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    shard = Shard(dataset.train_x, dataset.train_y, batch_size, 0, 1, seed)
+    for k in range(steps):
+        x, y = shard.batch(k)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    return net.state_dict()
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)

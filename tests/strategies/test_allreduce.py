@@ -1,0 +1,56 @@
+"""Synchronous all-reduce over N workers with batch b equals one worker with batch N*b."""
+
+import pytest
+import torch
+
+import fastsgd as fs
+from fastsgd.transport.base import ring_allreduce_bytes
+from tests.conftest import max_abs_diff, reference_sgd
+
+STEPS = 50
+
+
+def _job(dataset, out, **options):
+    settings = {"run.steps": STEPS, "data.batch_size": 16, "optimizer.lr": 0.05,
+                "optimizer.momentum": 0.9, "run.out": str(out), **options}
+    return fs.Job(model="mlp", data=dataset, options=settings, quiet=True)
+
+
+def _params(result):
+    return torch.load(result.run_dir / "model.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def reference(synthetic):
+    return reference_sgd(synthetic, batch_size=64, steps=STEPS)
+
+
+@pytest.fixture(scope="module")
+def simulated(synthetic, tmp_path_factory):
+    return _job(synthetic, tmp_path_factory.mktemp("sim")).simulate(workers=4)
+
+
+def test_simulated_4x16_equals_1x64(simulated, reference):
+    assert max_abs_diff(_params(simulated), reference) < 1e-4
+
+
+def test_small_buckets_and_no_overlap_give_the_same_result(synthetic, reference, tmp_path):
+    job = _job(synthetic, tmp_path, **{"strategy.bucket_mb": 0.01, "strategy.overlap": False})
+    assert max_abs_diff(_params(job.simulate(workers=4)), reference) < 1e-4
+
+
+def test_bytes_per_step_follow_the_ring_rule(simulated, synthetic):
+    n_params = sum(p.numel() for p in fs.models.build_model(
+        "mlp", synthetic.input_shape, synthetic.num_classes).parameters())
+    expected = ring_allreduce_bytes(4 * n_params, 4)
+    assert {m["bytes_sent"] for m in simulated.metrics()} == {expected}
+    assert simulated.summary["bytes_sent_total"] == 4 * STEPS * expected
+
+
+@pytest.mark.multiproc
+def test_real_processes_equal_reference_and_simulator(synthetic, reference, simulated, tmp_path):
+    real = _job(synthetic, tmp_path).run(workers=4)
+    assert real.summary["mode"] == "real" and real.summary["workers"] == 4
+    assert max_abs_diff(_params(real), reference) < 1e-4
+    assert max_abs_diff(_params(real), _params(simulated)) < 1e-5
+    assert real.summary["bytes_sent_total"] == simulated.summary["bytes_sent_total"]

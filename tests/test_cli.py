@@ -1,0 +1,46 @@
+"""Bad input ends in one clear line naming the culprit, a non-zero exit, no traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def fastsgd(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "fastsgd", *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["run", "--set", "strategy.name=nope"], "strategy.name"),
+    (["run", "--set", "model.name=vgg99"], "model.name"),
+    (["run", "--set", "data.name=cifar1000"], "data.name"),
+    (["simulate", "--set", "run.workers=0"], "run.workers"),
+    (["run", "--set", "run.workers=-1"], "run.workers"),
+    (["run", "--set", "data.path=/no/such/folder"], "apt-get install dataset-fashion-mnist"),
+    (["run", "--set", "run.typo=1"], "run.typo"),
+    (["demo", "--set", "optimizer.lr=-1"], "optimizer.lr"),
+])
+def test_bad_input_is_one_line(args, culprit):
+    proc = fastsgd(*args)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fastsgd: error:") and culprit in lines[0]
+
+
+def test_malformed_toml_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run]\nworkers = = 4\n")
+    proc = fastsgd("run", str(bad))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert str(bad) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_prints_a_report(tmp_path):
+    proc = fastsgd("simulate", "--quiet", "--set", "data.name=synthetic", "--set", "model.name=mlp",
+                   "--set", "run.steps=20", "--set", f"run.out={tmp_path / 'r'}",
+                   "--set", "run.workers=8", "--set", "network.bandwidth=100Mbit")
+    assert proc.returncode == 0, proc.stderr
+    assert "test accuracy" in proc.stdout and "simulated" in proc.stdout
+    assert str(tmp_path / "r") in proc.stdout and proc.stderr == ""
