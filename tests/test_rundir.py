@@ -1,0 +1,68 @@
+"""The run directory is a contract (DESIGN.md §1): later tools read exactly these fields."""
+
+import json
+
+import pytest
+import torch
+
+import fastsgd as fs
+from fastsgd import config as cfg
+from fastsgd.metrics import PHASES
+
+METRIC_KEYS = {"step", "rank", "time", "loss", *PHASES, "bytes_sent", "bytes_received",
+               "staleness"}
+SUMMARY_KEYS = {"strategy", "compressor", "topology", "workers", "steps", "final_accuracy",
+                "time_to_target", "wall_time", "simulated_time", "bytes_sent_total",
+                "consensus_distance"}
+
+
+@pytest.fixture(scope="module")
+def run(synthetic, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    job = fs.Job(model="mlp", data=synthetic, quiet=True,
+                 options={"run.steps": 40, "run.eval_every": 10, "data.batch_size": 16,
+                          "run.target_accuracy": 0.2, "run.out": str(out)})
+    return job.simulate(workers=3)
+
+
+def test_files(run):
+    names = {p.name for p in run.run_dir.iterdir()}
+    assert {"config.toml", "metrics.jsonl", "eval.jsonl", "summary.json", "model.pt"} <= names
+
+
+def test_metrics_one_line_per_worker_per_step(run):
+    rows = run.metrics()
+    assert all(set(r) == METRIC_KEYS for r in rows)
+    assert sorted((r["step"], r["rank"]) for r in rows) == [
+        (s, w) for s in range(1, 41) for w in range(3)]
+    for rank in range(3):
+        times = [r["time"] for r in rows if r["rank"] == rank]
+        assert times == sorted(times) and times[0] > 0
+
+
+def test_eval_and_summary(run):
+    evals = run.evals()
+    assert [e["step"] for e in evals] == [10, 20, 30, 40]
+    assert all(set(e) == {"step", "time", "accuracy", "loss"} for e in evals)
+    s = json.loads((run.run_dir / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(s)
+    assert s["final_accuracy"] == evals[-1]["accuracy"] and s["workers"] == 3
+    assert s["simulated_time"] == pytest.approx(max(r["time"] for r in run.metrics()), rel=0.05)
+    reached = next(e["time"] for e in evals if e["accuracy"] >= 0.2)
+    assert s["time_to_target"] == reached
+    assert s["consensus_distance"] == 0.0
+
+
+def test_config_and_model_reload(run, synthetic):
+    config = cfg.load(run.run_dir / "config.toml")
+    assert config["run"]["out"] == str(run.run_dir) and config["run"]["steps"] == 40
+    state = torch.load(run.run_dir / "model.pt", weights_only=True)
+    model = fs.models.build_model("mlp", synthetic.input_shape, synthetic.num_classes)
+    model.load_state_dict(state)
+
+
+def test_nan_loss_is_a_clear_error(synthetic, tmp_path):
+    job = fs.Job(model="mlp", data=synthetic, quiet=True,
+                 options={"run.steps": 30, "optimizer.lr": 1e6, "run.out": str(tmp_path)})
+    with pytest.raises(fs.UserError, match=r"loss is (nan|inf) at step \d+ on worker \d"):
+        job.simulate(workers=2)
