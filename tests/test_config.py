@@ -17,7 +17,7 @@ def test_file_and_overrides(tmp_path):
     c = cfg.load(path, ["run.workers=3", "optimizer.lr=0.1", "strategy.overlap=false"])
     assert c["run"]["workers"] == 3 and c["data"]["name"] == "digits"
     assert c["optimizer"]["lr"] == 0.1 and c["strategy"]["overlap"] is False
-    assert c["run"]["epochs"] == 5.0  # ints are accepted where floats are expected
+    assert c["run"]["epochs"] == 8.0  # ints are accepted where floats are expected
 
 
 def test_written_config_reads_back_identical(tmp_path):

@@ -18,15 +18,17 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+# The defaults are the demo: LeNet on Fashion-MNIST, 4 workers, synchronous all-reduce,
+# global batch 128, which reaches 89-90% test accuracy in 8 epochs (README).
 SCHEMA: dict[str, dict[str, Option]] = {
     "run": {
         "workers": Option(int, 4, at_least(1), "number of workers"),
         "steps": Option(int, 0, at_least(0), "training steps; 0 = use epochs"),
-        "epochs": Option(float, 5.0, positive, "epochs over the training set (if steps = 0)"),
+        "epochs": Option(float, 8.0, positive, "epochs over the training set (if steps = 0)"),
         "seed": Option(int, 0, doc="seed of model init and data order"),
         "out": Option(str, "", doc="run directory; empty = runs/<strategy>-<time>"),
-        "eval_every": Option(int, 0, at_least(0), "evaluate every N steps; 0 = at the end"),
-        "target_accuracy": Option(float, 0.0, between(0, 1), "for time_to_target"),
+        "eval_every": Option(int, 500, at_least(0), "evaluate every N steps; 0 = at the end"),
+        "target_accuracy": Option(float, 0.88, between(0, 1), "for time_to_target; 0 = none"),
         "log_every": Option(int, 1, at_least(1), "write metrics.jsonl every N steps"),
         "backend": Option(str, "auto", one_of(("auto", "gloo", "nccl")), "torch.distributed"),
         "threads": Option(int, 0, at_least(0), "torch threads per worker; 0 = cores/workers"),
@@ -35,7 +37,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
     "data": {
         "name": Option(str, "fashion_mnist", doc="fashion_mnist | idx | digits | synthetic"),
         "path": Option(str, "", doc="folder of IDX files (fashion_mnist, idx)"),
-        "batch_size": Option(int, 64, at_least(1), "per worker"),
+        "batch_size": Option(int, 32, at_least(1), "per worker"),
     },
     "model": {"name": Option(str, "lenet", doc="mlp | lenet | resnet20")},
     "optimizer": {
