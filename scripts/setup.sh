@@ -12,5 +12,5 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
   $SUDO apt-get install -y -q dataset-fashion-mnist >/dev/null
 fi
 PY="${PYTHON:-python3}"
-"$PY" -m pip install -q --disable-pip-version-check torch==2.13.0
-"$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore torch==2.13.0
+"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".[test]"

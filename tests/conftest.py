@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,6 +8,11 @@ from fastsgd.data import load_dataset
 from fastsgd.models import build_model
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# Subprocesses (the CLI, torchrun) import this checkout's fastsgd too.
+_ROOT = Path(__file__).resolve().parents[1]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(_ROOT / "src"), str(_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 @pytest.fixture(scope="session")

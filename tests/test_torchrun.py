@@ -25,7 +25,7 @@ def torchrun() -> list[str]:
 @pytest.mark.multiproc
 @pytest.mark.parametrize("mode", ["job", "replica"])
 def test_torchrun_four_processes(mode, tmp_path, synthetic):
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[2]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [*torchrun(), "--nnodes", "1", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), str(SCRIPT), str(tmp_path / "out"), mode]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

@@ -79,3 +79,33 @@ def unknown_key_message(key: str, section: str, schema: dict[str, Option]) -> st
     hint = f" (did you mean {section}.{close[0]}?)" if close else ""
     known = ", ".join(sorted(schema)) or "none"
     return f"unknown config key '{key}'{hint}; known keys in [{section}]: {known}"
+
+
+class Registry:
+    """Named components of one kind (strategies, codecs), each class with an OPTIONS schema;
+    a config section `{name = ..., option = ...}` selects and configures one."""
+
+    def __init__(self, section: str, kind: str, classes: dict[str, type]):
+        self.section, self.kind, self.classes = section, kind, classes
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.classes
+
+    def __iter__(self):
+        return iter(sorted(self.classes))
+
+    def get(self, name: str) -> type:
+        if name not in self.classes:
+            raise ConfigError(f"unknown {self.kind} '{name}' ({self.section}.name); "
+                              f"choose one of: {', '.join(sorted(self.classes))}")
+        return self.classes[name]
+
+    def validate(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Check the section's keys against the chosen component's options; fill defaults."""
+        name = values["name"]
+        options = {k: v for k, v in values.items() if k != "name"}
+        return {"name": name, **validate_section(self.section, options, self.get(name).OPTIONS)}
+
+    def build(self, values: dict[str, Any]) -> Any:
+        checked = self.validate(values)
+        return self.get(checked.pop("name"))(**checked)

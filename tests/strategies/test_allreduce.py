@@ -54,3 +54,22 @@ def test_real_processes_equal_reference_and_simulator(synthetic, reference, simu
     assert max_abs_diff(_params(real), reference) < 1e-4
     assert max_abs_diff(_params(real), _params(simulated)) < 1e-5
     assert real.summary["bytes_sent_total"] == simulated.summary["bytes_sent_total"]
+
+
+def test_buckets_are_sent_while_backward_runs(synthetic):
+    """With overlap, each bucket's all-reduce starts from a gradient hook during backward."""
+    from fastsgd.transport.sim import simulate
+
+    def worker(t):
+        torch.manual_seed(0)
+        model = fs.models.build_model("mlp", synthetic.input_shape, synthetic.num_classes)
+        strategy = fs.AllReduce(bucket_mb=0.1)
+        replica = fs.Replica(model, t, strategy)
+        x, y = synthetic.train_x[:8], synthetic.train_y[:8]
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        in_flight = [b.handle is not None for b in strategy._buckets]
+        replica.sync_gradients()
+        return in_flight
+
+    for in_flight in simulate(2, worker):
+        assert len(in_flight) >= 2 and all(in_flight)
