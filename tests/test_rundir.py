@@ -43,7 +43,8 @@ def test_metrics_one_line_per_worker_per_step(run):
 def test_eval_and_summary(run):
     evals = run.evals()
     assert [e["step"] for e in evals] == [10, 20, 30, 40]
-    assert all(set(e) == {"step", "time", "accuracy", "loss"} for e in evals)
+    assert all(set(e) == {"step", "time", "accuracy", "loss", "consensus_distance"}
+               for e in evals)
     s = json.loads((run.run_dir / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(s)
     assert s["final_accuracy"] == evals[-1]["accuracy"] and s["workers"] == 3

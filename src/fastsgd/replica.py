@@ -28,7 +28,7 @@ class Replica:
 
     def __init__(self, model: torch.nn.Module, transport: Transport,
                  strategy: Strategy | str = "allreduce",
-                 compressor: Compressor | str | None = None):
+                 compressor: Compressor | str | None = None, total_steps: int | None = None):
         if isinstance(strategy, str):
             strategy = build_strategy({"name": strategy})
         if isinstance(compressor, str):
@@ -36,7 +36,7 @@ class Replica:
         self.model = model
         self.params = list(model.parameters())
         self.strategy = strategy
-        self.ctx = Context(transport, compressor or Identity())
+        self.ctx = Context(transport, compressor or Identity(), total_steps=total_steps)
         self.broadcast_from(0)
         self.state: dict[str, Any] = strategy.init(self.params, self.ctx)
 

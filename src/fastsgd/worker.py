@@ -24,6 +24,7 @@ from fastsgd.errors import UserError
 from fastsgd.metrics import PHASES, JsonLines, write_json
 from fastsgd.progress import Progress
 from fastsgd.replica import Replica
+from fastsgd.representative import representative
 from fastsgd.strategies import Strategy
 from fastsgd.transport.base import Transport
 
@@ -89,7 +90,8 @@ def train(plan: Plan, transport: Transport) -> dict[str, Any] | None:
     model = plan.make_model().to(transport.device)
     optimizer = plan.make_optimizer(model.parameters())
     replica = Replica(model, transport, copy.deepcopy(plan.strategy),
-                      copy.deepcopy(plan.compressor))
+                      copy.deepcopy(plan.compressor), total_steps=plan.total_steps(
+                          transport.world_size))
     try:
         return _Loop(plan, replica, optimizer).run()
     finally:
@@ -111,7 +113,8 @@ class _Loop:
         self.evals = JsonLines(plan.run_dir / "eval.jsonl", flush_every=1)
         self.sent = self.received = 0
         self.time_to_target: float | None = None
-        self.last_eval: tuple[int, float, float] | None = None
+        self.last_eval: tuple[int, float, float, float] | None = None  # rank 0 only
+        self.evaluated: tuple[int, torch.nn.Module | None] = (0, None)  # step, representative
         self.progress = Progress(self.steps, enabled=plan.progress and self.rank == 0)
 
     def run(self) -> dict[str, Any] | None:
@@ -122,7 +125,7 @@ class _Loop:
         self.start, wall = self.t.now(), time.perf_counter()
         for k in range(self.steps):
             loss = self.step(k)
-            if self.rank == 0 and self.eval_every and (k + 1) % self.eval_every == 0:
+            if self.eval_every and (k + 1) % self.eval_every == 0:
                 self.evaluate(k + 1)
             self.progress.update(k + 1, loss, self.last_eval and self.last_eval[1])
         self.metrics.flush()
@@ -167,31 +170,45 @@ class _Loop:
                 "staleness": self.replica.ctx.stats.get("staleness", 0)})
         return value
 
-    def evaluate(self, step: int) -> None:
-        accuracy, loss = self.plan.evaluate(self.model, self.plan.dataset, self.t.device)
+    def evaluate(self, step: int) -> torch.nn.Module:
+        """Collective: every worker joins; rank 0 evaluates and logs. Not training time."""
+        consensus = self.replica.consensus_distance()
+        model = representative(self.plan.config["run"]["representative"], self.model, self.t,
+                               self.score)
+        if self.rank == 0:
+            accuracy, loss = self.plan.evaluate(model, self.plan.dataset, self.t.device)
+            when = self.clock()
+            self.last_eval = (step, accuracy, loss, consensus)
+            self.evals.write({"step": step, "time": when, "accuracy": accuracy, "loss": loss,
+                              "consensus_distance": consensus})
+            if self.target and accuracy >= self.target and self.time_to_target is None:
+                self.time_to_target = when
+        self.evaluated = (step, model)
         self.t.off_clock()
-        when = self.clock()
-        self.last_eval = (step, accuracy, loss)
-        self.evals.write({"step": step, "time": when, "accuracy": accuracy, "loss": loss})
-        if self.target and accuracy >= self.target and self.time_to_target is None:
-            self.time_to_target = when
+        return model
+
+    def score(self, model: torch.nn.Module) -> float:
+        """Loss on a fixed sample of the training data (for run.representative = best)."""
+        ds = self.plan.dataset
+        sample = (ds.train_x[:1024].to(self.t.device), ds.train_y[:1024].to(self.t.device))
+        with torch.no_grad():
+            return float(self.plan.step(model, sample))
 
     def finish(self, wall_time: float) -> dict[str, Any] | None:
         end = self.clock()
-        consensus = self.replica.consensus_distance()
+        if self.evaluated[0] != self.steps:
+            self.evaluate(self.steps)
+        model = self.evaluated[1]
         totals = torch.tensor([self.sent, self.received], dtype=torch.float64)
         self.t.all_reduce(totals)
         if self.rank != 0:
             return None
-        if self.last_eval is None or self.last_eval[0] != self.steps:
-            self.evaluate(self.steps)
-        torch.save(self.model.state_dict(), self.plan.run_dir / "model.pt")
-        summary = self.summary(wall_time, end, consensus, totals.tolist())
+        torch.save(model.state_dict(), self.plan.run_dir / "model.pt")
+        summary = self.summary(wall_time, end, totals.tolist())
         write_json(self.plan.run_dir / "summary.json", summary)
         return summary
 
-    def summary(self, wall_time: float, end: float, consensus: float,
-                totals: list[float]) -> dict[str, Any]:
+    def summary(self, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
         cfg = self.plan.config
         assert self.last_eval is not None
         samples = self.steps * self.world * cfg["data"]["batch_size"]
@@ -206,6 +223,7 @@ class _Loop:
             "wall_time": wall_time, "simulated_time": end if self.plan.simulated else None,
             "samples_per_second": samples / end if end > 0 else None,
             "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
-            "consensus_distance": consensus, "mode": "simulated" if self.plan.simulated else "real",
+            "consensus_distance": self.last_eval[3], "representative": cfg["run"]["representative"],
+            "mode": "simulated" if self.plan.simulated else "real",
             "run_dir": str(self.plan.run_dir),
         }

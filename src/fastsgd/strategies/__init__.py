@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from fastsgd.options import Registry
 from fastsgd.strategies.allreduce import AllReduce
+from fastsgd.strategies.averaging import BMUF, EASGD, LocalSGD
 from fastsgd.strategies.base import Context, Strategy
+from fastsgd.strategies.ssp import StaleSynchronous
 
-STRATEGIES = Registry("strategy", "strategy", {"allreduce": AllReduce})
+STRATEGIES = Registry("strategy", "strategy", {
+    cls.name: cls for cls in (AllReduce, StaleSynchronous, LocalSGD, EASGD, BMUF)})
 validate_options = STRATEGIES.validate
 build_strategy = STRATEGIES.build
 
-__all__ = ["STRATEGIES", "AllReduce", "Context", "Strategy", "build_strategy",
-           "validate_options"]
+__all__ = ["BMUF", "EASGD", "STRATEGIES", "AllReduce", "Context", "LocalSGD",
+           "StaleSynchronous", "Strategy", "build_strategy", "validate_options"]

@@ -19,13 +19,19 @@ from fastsgd.transport.base import Transport
 
 @dataclass
 class Context:
-    """What a strategy may use: the transport, the codec, the step number; `stats` is where
-    it reports per-step figures the worker logs (e.g. `staleness`)."""
+    """What a strategy may use: the transport, the codec, the step number (and the last one,
+    when known, so that a strategy can drain what it holds back); `stats` is where it reports
+    per-step figures the worker logs (e.g. `staleness`)."""
 
     transport: Transport
     compressor: Compressor
     step: int = 0
+    total_steps: int | None = None
     stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def last_step(self) -> bool:
+        return self.total_steps is not None and self.step >= self.total_steps - 1
 
 
 class Strategy(Protocol):

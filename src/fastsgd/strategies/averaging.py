@@ -1,0 +1,126 @@
+"""Model averaging: workers train locally and average their parameters from time to time.
+
+- `localsgd`: every `period` steps, all-reduce the parameters and take the mean; the first
+  `warmup` steps all-reduce gradients every step instead (post-local SGD, Lin et al. 2020).
+  On the wire: gradients during warm-up, then parameters once every `period` steps.
+- `easgd`: elastic averaging (Zhang, Choromanska & LeCun 2015), synchronous form: every
+  `period` steps each worker moves by `alpha` toward a centre variable that every worker
+  keeps a copy of, and the centre moves by `alpha` times the sum of the workers' distances
+  to it (one all-reduce of the differences). On the wire: parameter differences.
+- `bmuf`: block-wise model-update filtering (Chen & Huo 2016): every `period` steps the mean
+  of the workers' models is a block update of a global model, filtered by block momentum;
+  with `nesterov`, workers restart from the look-ahead point. The defaults keep the filter's
+  gain at 1 (block_lr = 1 - block_momentum): the paper's block_lr = 1 with block momentum
+  1 - 1/n diverged here beside local momentum SGD. On the wire: parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fastsgd.options import Option, at_least, between
+from fastsgd.strategies.allreduce import AllReduce
+from fastsgd.strategies.base import Context
+from fastsgd.strategies.params import assign, average, flatten
+
+Params = list[torch.nn.Parameter]
+
+
+def _open_interval(v: float) -> str | None:
+    return None if 0 < v < 1 else "must be in (0, 1)"
+
+
+class _Periodic:
+    """Shared shape: no gradient exchange; act on parameters at the end of each period."""
+
+    OPTIONS: dict[str, Option] = {"period": Option(int, 8, at_least(1), "steps between rounds")}
+
+    def __init__(self, period: int = 8):
+        self.period = period
+
+    def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        return {}
+
+    def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        return None
+
+    def due(self, ctx: Context, offset: int = 0) -> bool:
+        """A round ends after this step (and always after the last one)."""
+        return (ctx.step + 1 - offset) % self.period == 0 or ctx.last_step
+
+    def close(self) -> None:
+        return None
+
+
+class LocalSGD(_Periodic):
+    name = "localsgd"
+    OPTIONS = {**_Periodic.OPTIONS,
+               "warmup": Option(int, 0, at_least(0), "synchronous steps before local SGD")}
+
+    def __init__(self, period: int = 8, warmup: int = 0):
+        super().__init__(period)
+        self.warmup = warmup
+        self._sync = AllReduce(overlap=False)
+
+    def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        return self._sync.init(params, ctx)
+
+    def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        if ctx.step < self.warmup:
+            self._sync.on_gradients(params, state, ctx)
+
+    def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        if ctx.step >= self.warmup and self.due(ctx, self.warmup):
+            assign(params, average(params, ctx.transport))
+
+
+class EASGD(_Periodic):
+    name = "easgd"
+    OPTIONS = {**_Periodic.OPTIONS,
+               "alpha": Option(float, 0.1, _open_interval, "elastic force, in (0, 1)")}
+
+    def __init__(self, period: int = 8, alpha: float = 0.1):
+        super().__init__(period)
+        self.alpha = alpha
+
+    def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        return {"center": flatten(params)}
+
+    def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        if not self.due(ctx):
+            return
+        center = state["center"]
+        local = flatten(params)
+        diff = local - center
+        assign(params, local - self.alpha * diff)
+        ctx.transport.all_reduce(diff)
+        center += self.alpha * diff
+
+
+class BMUF(_Periodic):
+    name = "bmuf"
+    OPTIONS = {**_Periodic.OPTIONS,
+               "block_momentum": Option(float, 0.5, between(0, 0.999)),
+               "block_lr": Option(float, 0.5, at_least(0), "1 - block_momentum: unit gain"),
+               "nesterov": Option(bool, False, doc="restart workers from the look-ahead")}
+
+    def __init__(self, period: int = 8, block_momentum: float = 0.5, block_lr: float = 0.5,
+                 nesterov: bool = False):
+        super().__init__(period)
+        self.momentum, self.block_lr, self.nesterov = block_momentum, block_lr, nesterov
+
+    def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        start = flatten(params)
+        return {"global": start, "delta": torch.zeros_like(start)}
+
+    def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        if not self.due(ctx):
+            return
+        block_update = average(params, ctx.transport) - state["global"]
+        state["delta"].mul_(self.momentum).add_(block_update, alpha=self.block_lr)
+        state["global"] += state["delta"]
+        last = ctx.last_step or not self.nesterov
+        start = state["global"] if last else state["global"] + self.momentum * state["delta"]
+        assign(params, start)

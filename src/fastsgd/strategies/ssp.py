@@ -1,0 +1,66 @@
+"""Stale-synchronous parallel (SSP; Ho et al. 2013, Petuum) with staleness bound `s`.
+
+A worker applies its own gradient at once and the others' gradients of step t at step t+s:
+the all-reduce of step t runs in the background while the worker computes s more steps, and
+is only waited for then. So no worker gets more than s steps ahead of the slowest, and every
+worker sees all updates older than s steps plus all of its own: SSP's guarantee. `s = 0` is
+synchronous all-reduce. On the last step everything still in flight is applied, so with plain
+SGD all replicas end identical (Statement 1 of Viviani et al. 2019).
+On the wire: one all-reduce of all gradients per step, as for `allreduce`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+
+from fastsgd.options import Option, at_least
+from fastsgd.strategies.base import Context
+from fastsgd.transport.base import Handle
+
+Params = list[torch.nn.Parameter]
+
+
+class StaleSynchronous:
+    name = "ssp"
+    OPTIONS = {"staleness": Option(int, 2, at_least(0), "steps a peer's gradient may lag")}
+
+    def __init__(self, staleness: int = 2):
+        self.staleness = staleness
+        self._in_flight: deque[tuple[int, torch.Tensor, torch.Tensor, Handle]] = deque()
+
+    def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        self._in_flight.clear()
+        return {}
+
+    def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        trainable = [p for p in params if p.requires_grad]
+        own = torch.cat([_grad(p).reshape(-1) for p in trainable])
+        total = own.clone()
+        handle = ctx.transport.all_reduce(total, async_op=True)
+        self._in_flight.append((ctx.step, total, own, handle))
+        n = ctx.transport.world_size
+        update = own / n
+        keep = 0 if ctx.last_step else self.staleness
+        ctx.stats["staleness"] = 0
+        while len(self._in_flight) > keep:
+            step, total_t, own_t, handle = self._in_flight.popleft()
+            handle.wait()
+            update += (total_t - own_t) / n
+            ctx.stats["staleness"] = max(ctx.stats["staleness"], ctx.step - step)
+        offset = 0
+        for p in trainable:
+            p.grad = update[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+    def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        return None
+
+    def close(self) -> None:
+        self._in_flight.clear()
+
+
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)

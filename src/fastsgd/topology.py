@@ -1,0 +1,300 @@
+"""Communication graphs and mixing weights for decentralized strategies (DESIGN.md §3): plain,
+picklable data. D-PSGD (Lian et al. 2017), SGP and exponential graphs (Assran et al. 2019), the
+2D torus of FAST (Viviani et al. 2019), Metropolis-Hastings weights (Xiao & Boyd 2004)."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from itertools import count
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fastsgd.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+TOPOLOGIES = ("complete", "star", "ring", "torus", "hypercube", "exponential", "onepeer", "random",
+              "custom")
+WEIGHTINGS = ("uniform", "metropolis")
+Graph = tuple[tuple[int, ...], ...]  # out-neighbours of each rank, sorted
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Graphs of out-neighbours (`graphs[t % period]` is used at step t: one for a static
+    topology, ceil(log2 n) for the one-peer exponential graph) and their mixing weights."""
+
+    name: str
+    n: int
+    weighting: str
+    graphs: tuple[Graph, ...]
+    rows: int = 0
+    cols: int = 0
+    _ins: tuple[Graph, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.weighting not in WEIGHTINGS:
+            raise UserError(f"unknown mixing weights {self.weighting!r} (strategy.weights); "
+                            f"choose one of: {', '.join(WEIGHTINGS)}")
+        object.__setattr__(self, "_ins", tuple(_invert(g) for g in self.graphs))
+        if self.weighting == "metropolis" and self.directed:
+            raise UserError(f'strategy.weights = "metropolis" needs an undirected graph, but '
+                            f"topology '{self.name}' is directed; use weights = \"uniform\"")
+
+    @property
+    def directed(self) -> bool:
+        """True if some rank sends to a peer that does not send back (at some step)."""
+        return self._ins != self.graphs
+
+    @property
+    def time_varying(self) -> bool:
+        """True if the graph changes with the step (the one-peer exponential graph)."""
+        return self.period > 1
+
+    @property
+    def period(self) -> int:
+        """Number of steps after which the sequence of graphs repeats."""
+        return len(self.graphs)
+
+    def out_neighbors(self, rank: int, step: int = 0) -> list[int]:
+        """Peers that `rank` sends to at `step` (never itself)."""
+        return list(self.graphs[step % self.period][rank])
+
+    def in_neighbors(self, rank: int, step: int = 0) -> list[int]:
+        """Peers that `rank` receives from at `step` (never itself)."""
+        return list(self._ins[step % self.period][rank])
+
+    def weights(self, rank: int, step: int = 0) -> list[tuple[int, float]]:
+        """Row `rank` of W as (peer, weight) pairs by peer, self included. uniform: 1/(in-degree
+        + 1) each; metropolis: 1/(1 + max(d_i, d_j)), self 1 - sum (Xiao & Boyd 2004)."""
+        ins = self.in_neighbors(rank, step)
+        if self.weighting == "uniform":
+            return sorted((j, 1.0 / (len(ins) + 1)) for j in [rank, *ins])
+        g = self.graphs[step % self.period]
+        pairs = [(j, 1.0 / (1 + max(len(g[rank]), len(g[j])))) for j in ins]
+        return sorted(pairs + [(rank, 1.0 - sum(w for _, w in pairs))])
+
+    def matrix(self, step: int = 0) -> torch.Tensor:
+        """The n x n float64 mixing matrix: W[i, j] is the weight i gives to j's value."""
+        import torch
+
+        rows = [[0.0] * self.n for _ in range(self.n)]
+        for i in range(self.n):
+            for j, wij in self.weights(i, step):
+                rows[i][j] = wij
+        return torch.tensor(rows, dtype=torch.float64)
+
+    def is_doubly_stochastic(self, step: int = 0, tol: float = 1e-9) -> bool:
+        """True if the columns of W sum to 1 as well as the rows (gossip preserves the mean)."""
+        w = self.matrix(step)
+        return bool((w >= 0).all() and ((w.sum(0) - 1).abs() <= tol).all())
+
+    def second_eigenvalue(self, step: int = 0) -> float:
+        """Second largest |eigenvalue| of W: the per-step contraction of consensus distance."""
+        import torch
+
+        w = self.matrix(step)
+        symmetric = torch.allclose(w, w.T, atol=1e-12, rtol=0)
+        mags = (torch.linalg.eigvalsh(w) if symmetric else torch.linalg.eigvals(w)).abs()
+        return float(torch.sort(mags, descending=True).values[1]) if self.n > 1 else 0.0
+
+    def spectral_gap(self, step: int = 0) -> float:
+        """1 - second_eigenvalue(step); for time-varying graphs the gap of that one step."""
+        return 1.0 - self.second_eigenvalue(step)
+
+
+def _invert(g: Graph) -> Graph:
+    ins: list[list[int]] = [[] for _ in g]
+    for i, outs in enumerate(g):
+        for j in outs:
+            ins[j].append(i)
+    return tuple(tuple(sorted(x)) for x in ins)
+
+
+def _undirected(n: int, edges: list[tuple[int, int]]) -> Graph:
+    """The simple undirected graph on n ranks with these edges (self loops, duplicates dropped)."""
+    adj: list[set[int]] = [set() for _ in range(n)]
+    for a, b in edges:
+        if a != b:
+            adj[a].add(b)
+            adj[b].add(a)
+    return tuple(tuple(sorted(s)) for s in adj)
+
+
+def _connected(g: Graph) -> bool:
+    order, seen = [0], {0}
+    for i in order:  # breadth-first; the list grows while we walk it
+        order += [j for j in g[i] if j not in seen and not seen.add(j)]
+    return len(seen) == len(g)
+
+
+def _torus_shape(n: int, rows: int, cols: int) -> tuple[int, int]:
+    """rows x cols for the 2D torus (Viviani et al. 2019); infer the most square grid if unset."""
+    if rows and cols and rows * cols != n:
+        raise UserError(f"torus: strategy.rows x strategy.cols = {rows} x {cols} = "
+                        f"{rows * cols}, but there are {n} workers")
+    if bool(rows) != bool(cols):
+        key, side = ("strategy.rows", rows) if rows else ("strategy.cols", cols)
+        if n % side:
+            raise UserError(f"torus: {key} = {side} does not divide {n} workers")
+        rows, cols = (rows, n // rows) if rows else (n // cols, cols)
+    elif not rows:
+        fits = lambda m: [r for r in range(2, math.isqrt(m) + 1) if m % r == 0]  # noqa: E731
+        if not fits(n):
+            low = next((m for m in range(n - 1, 3, -1) if fits(m)), None)
+            high = next(m for m in count(n + 1) if fits(m))
+            eg = f"{low} or {high}" if low else str(high)
+            raise UserError(f"torus: {n} workers do not fit a rows x cols grid with both sides "
+                            f">= 2 (strategy.rows, strategy.cols); choose e.g. {eg} workers, "
+                            'or topology = "ring"')
+        rows = fits(n)[-1]
+        cols = n // rows
+    if min(rows, cols) < 2:
+        raise UserError(f"torus: strategy.rows x strategy.cols = {rows} x {cols} needs both "
+                        'sides >= 2; use topology = "ring" for a single row')
+    return rows, cols
+
+
+def _torus(rows: int, cols: int) -> list[tuple[int, int]]:
+    """Edges to (i±1, j), (i, j±1) modulo the sides, ranks row-major (Viviani et al. 2019)."""
+    at = lambda r, c: (r % rows) * cols + c % cols  # noqa: E731
+    cells = [(r, c) for r in range(rows) for c in range(cols)]
+    return [(at(r, c), at(r + dr, c + dc)) for r, c in cells for dr, dc in ((1, 0), (0, 1))]
+
+
+def _random_regular(n: int, degree: int, seed: int) -> Graph:
+    """A simple connected `degree`-regular graph: random pairing of stubs, retried until simple
+    and connected (Steger & Wormald 1999); degree 2 is a random Hamiltonian cycle."""
+    if degree == 0:
+        degree = min(4, n - 1) - (n * min(4, n - 1)) % 2
+    if degree < 0 or degree >= n or n * degree % 2 or (degree == 1 and n > 2):
+        raise UserError(f"random: strategy.degree = {degree} does not give a connected regular "
+                        f"graph on {n} workers; need 1 <= degree < n, n x degree even, and "
+                        "degree >= 2 beyond 2 workers (0 = automatic)")
+    rng = random.Random(seed)
+    if degree == 2:
+        order = rng.sample(range(n), n)
+        return _undirected(n, [(order[i], order[i - 1]) for i in range(n)])
+    for _ in range(1000):
+        g = _pair_stubs(n, degree, rng)
+        if g is not None and _connected(g):
+            return g
+    raise UserError(f"random: could not draw a connected {degree}-regular graph on {n} workers "
+                    "(strategy.degree, strategy.seed)")
+
+
+def _pair_stubs(n: int, degree: int, rng: random.Random) -> Graph | None:
+    stubs = [i for i in range(n) for _ in range(degree)]
+    adj: list[set[int]] = [set() for _ in range(n)]
+    while stubs:
+        for _ in range(100):
+            a, b = rng.sample(range(len(stubs)), 2)
+            u, v = stubs[a], stubs[b]
+            if u != v and v not in adj[u]:
+                break
+        else:
+            return None
+        adj[u].add(v)
+        adj[v].add(u)
+        del stubs[max(a, b)], stubs[min(a, b)]
+    return tuple(tuple(sorted(s)) for s in adj)
+
+
+def _custom(n: int, edges: list[list[int]] | None) -> Graph:
+    """An undirected graph from an edge list [[a, b], ...]; it must be connected."""
+    if edges is None:
+        raise UserError("custom: set strategy.edges = [[a, b], ...] (undirected edges)")
+    for k, e in enumerate(edges):
+        ok = isinstance(e, (list, tuple)) and len(e) == 2
+        if not ok or not all(type(x) is int and 0 <= x < n for x in e) or e[0] == e[1]:
+            raise UserError(f"custom: strategy.edges[{k}] = {e!r} must be [a, b] with two "
+                            f"different ranks in 0..{n - 1}")
+    g = _undirected(n, edges)
+    if not _connected(g):
+        raise UserError(f"custom: strategy.edges do not connect all {n} workers")
+    return g
+
+
+def _graphs(name: str, n: int, shape: tuple[int, int], degree: int, seed: int,
+            edges: list[list[int]] | None) -> tuple[Graph, ...]:
+    powers = [1 << k for k in range(max(1, (n - 1).bit_length())) if 1 << k < n]
+    undirected = {
+        "complete": lambda: [(i, j) for i in range(n) for j in range(i)],
+        "star": lambda: [(0, i) for i in range(n)],
+        "ring": lambda: [(i, (i + 1) % n) for i in range(n)],
+        "torus": lambda: _torus(*shape),
+        "hypercube": lambda: [(i, i ^ p) for i in range(n) for p in powers],
+        "exponential": lambda: [(i, (i + p) % n) for i in range(n) for p in powers],
+    }
+    if name == "hypercube" and n & (n - 1):
+        raise UserError(f"topology = \"hypercube\" (strategy.topology) needs a power-of-two "
+                        f"number of workers, got n = {n}")
+    if name in undirected:
+        return (_undirected(n, undirected[name]()),)
+    if name == "onepeer":
+        return tuple(tuple(tuple({(i + p) % n} - {i}) for i in range(n)) for p in powers or [0])
+    if name == "random":
+        return (_random_regular(n, degree, seed),)
+    return (_custom(n, edges),)
+
+
+def build_topology(name: str, n: int, *, rows: int = 0, cols: int = 0, degree: int = 0,
+                   seed: int = 0, edges: list[list[int]] | None = None,
+                   weighting: str = "uniform") -> Topology:
+    """The named topology on n workers with uniform or Metropolis-Hastings mixing weights."""
+    if name not in TOPOLOGIES:
+        raise UserError(f"unknown topology {name!r} (strategy.topology); "
+                        f"choose one of: {', '.join(TOPOLOGIES)}")
+    if not isinstance(n, int) or n < 1:
+        raise UserError(f"topology '{name}' needs at least 1 worker, got n = {n!r}")
+    shape = _torus_shape(n, rows, cols) if name == "torus" else (0, 0)
+    graphs = _graphs(name, n, shape, degree, seed, edges)
+    return Topology(name, n, weighting, graphs, rows=shape[0], cols=shape[1])
+
+
+def describe(topology: Topology, step: int = 0) -> str:
+    """A text table of the mixing weights, one line per worker, and the spectral gap."""
+    t = topology
+    shape = f", {t.rows} x {t.cols}" if t.rows else ""
+    period = f", period {t.period}, step {step}" if t.time_varying else ""
+    lines = [f"topology {t.name} (n = {t.n}{shape}, weights {t.weighting}{period})"]
+    for i in range(t.n):
+        cells = [f"{'self' if j == i else j}({w:.4g})" for j, w in t.weights(i, step)]
+        lines.append(f"{i:>4}: " + " ".join(cells))
+    ds = "doubly stochastic" if t.is_doubly_stochastic(step) else "not doubly stochastic"
+    lines.append(f"second eigenvalue {t.second_eigenvalue(step):.4f}, "
+                 f"spectral gap {t.spectral_gap(step):.4f}; W is {ds}")
+    return "\n".join(lines)
+
+
+def draw(topology: Topology, path: str | Path, step: int = 0) -> None:
+    """Save a PNG of the graph at `step`: a grid for the torus, a circle otherwise."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t, angle = topology, lambda i: math.pi / 2 - 2 * math.pi * i / topology.n
+    pos = [(i % t.cols, -(i // t.cols)) if t.name == "torus" else
+           (math.cos(angle(i)), math.sin(angle(i))) for i in range(t.n)]
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for i in range(t.n):
+        for j in t.out_neighbors(i, step):
+            if t.directed or i < j:
+                far = abs(pos[i][0] - pos[j][0]) + abs(pos[i][1] - pos[j][1]) > 1.01
+                bend = 0.3 if t.name == "torus" and far else 0.0  # wrap-around edges
+                ax.annotate("", xy=pos[j], xytext=pos[i], arrowprops=dict(
+                    arrowstyle="-|>" if t.directed else "-", color="0.4", shrinkA=11, shrinkB=11,
+                    connectionstyle=f"arc3,rad={bend}"))
+    for i, (x, y) in enumerate(pos):
+        ax.text(x, y, str(i), ha="center", va="center", fontsize=8, zorder=3,
+                bbox=dict(boxstyle="circle", fc="white", ec="black"))
+    when = f", step {step}" if t.time_varying else ""
+    ax.set(title=f"{t.name}, n = {t.n}{when}, spectral gap {t.spectral_gap(step):.3f}",
+           aspect="equal", xmargin=0.15, ymargin=0.15)
+    ax.axis("off")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

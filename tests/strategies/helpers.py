@@ -1,0 +1,16 @@
+"""Small runs shared by the strategy tests."""
+
+import torch
+
+import fastsgd as fs
+
+
+def sim_job(dataset, out, strategy: dict, steps=50, batch=16, **options):
+    settings = {"run.steps": steps, "data.batch_size": batch, "optimizer.lr": 0.05,
+                "optimizer.momentum": 0.9, "run.out": str(out), "run.eval_every": 0,
+                **{f"strategy.{k}": v for k, v in strategy.items()}, **options}
+    return fs.Job(model="mlp", data=dataset, options=settings, quiet=True)
+
+
+def params(result) -> dict:
+    return torch.load(result.run_dir / "model.pt", weights_only=True)

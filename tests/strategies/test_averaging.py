@@ -1,0 +1,37 @@
+import pytest
+
+from tests.conftest import max_abs_diff
+from tests.strategies.helpers import params, sim_job
+
+
+def test_localsgd_with_period_one_plain_sgd_is_allreduce(synthetic, tmp_path):
+    """Averaging parameters after every plain SGD step = averaging the gradients."""
+    plain = {"optimizer.momentum": 0.0}
+    local = sim_job(synthetic, tmp_path / "l", {"name": "localsgd", "period": 1}, **plain)
+    sync = sim_job(synthetic, tmp_path / "a", {"name": "allreduce"}, **plain)
+    assert max_abs_diff(params(local.simulate(4)), params(sync.simulate(4))) < 1e-5
+
+
+def test_localsgd_warmup_is_synchronous(synthetic, tmp_path):
+    warm = sim_job(synthetic, tmp_path / "w", {"name": "localsgd", "period": 1000,
+                                               "warmup": 50}).simulate(4)
+    sync = sim_job(synthetic, tmp_path / "a", {"name": "allreduce"}).simulate(4)
+    assert max_abs_diff(params(warm), params(sync)) < 1e-5
+
+
+@pytest.mark.parametrize("strategy", [
+    {"name": "localsgd", "period": 4, "warmup": 10},
+    {"name": "easgd", "period": 2, "alpha": 0.3},
+    {"name": "bmuf", "period": 4},
+])
+def test_averaging_strategies_train(strategy, synthetic, tmp_path):
+    result = sim_job(synthetic, tmp_path, strategy, steps=150).simulate(4)
+    assert result.accuracy > 0.6
+    averaged = strategy["name"] != "easgd"
+    assert (result.summary["consensus_distance"] < 1e-10) == averaged  # last step averages
+
+
+def test_averaging_moves_parameters_once_per_period(synthetic, tmp_path):
+    result = sim_job(synthetic, tmp_path, {"name": "localsgd", "period": 5}, steps=20).simulate(2)
+    sending = sorted({m["step"] for m in result.metrics() if m["bytes_sent"] > 0})
+    assert sending == [5, 10, 15, 20]

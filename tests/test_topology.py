@@ -1,0 +1,219 @@
+"""Communication graphs and mixing weights (fastsgd.topology)."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import pytest
+import torch
+
+from fastsgd.errors import UserError
+from fastsgd.topology import TOPOLOGIES, Topology, build_topology, describe, draw
+
+
+def nbrs(t: Topology, step: int = 0) -> list[set[int]]:
+    return [set(t.out_neighbors(i, step)) for i in range(t.n)]
+
+
+def connected(t: Topology) -> bool:
+    seen, todo = {0}, [0]
+    while todo:
+        for j in t.out_neighbors(todo.pop()):
+            if j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return len(seen) == t.n
+
+
+def test_ring_and_small_rings():
+    assert nbrs(build_topology("ring", 5)) == [{1, 4}, {0, 2}, {1, 3}, {2, 4}, {3, 0}]
+    assert nbrs(build_topology("ring", 2)) == [{1}, {0}]
+    one = build_topology("ring", 1)
+    assert nbrs(one) == [set()] and one.weights(0) == [(0, 1.0)]
+    assert one.spectral_gap() == 1.0
+
+
+def test_torus_4x4_has_four_distinct_neighbours():
+    t = build_topology("torus", 16)
+    assert (t.rows, t.cols) == (4, 4)
+    assert all(len(s) == 4 for s in nbrs(t))
+    assert nbrs(t)[0] == {1, 3, 4, 12}
+    assert nbrs(t)[5] == {1, 4, 6, 9}
+    assert not t.directed and not t.time_varying
+
+
+def test_torus_2x3_dedupes_the_short_side():
+    t = build_topology("torus", 6, rows=2, cols=3)
+    # rank = r * 3 + c; rows of 2 give a single vertical neighbour
+    assert nbrs(t) == [{1, 2, 3}, {0, 2, 4}, {0, 1, 5}, {0, 4, 5}, {1, 3, 5}, {2, 3, 4}]
+
+
+@pytest.mark.parametrize("n, rows, cols, shape", [
+    (16, 0, 0, (4, 4)), (8, 0, 0, (2, 4)), (12, 0, 0, (3, 4)), (8, 4, 0, (4, 2)),
+    (8, 0, 2, (4, 2)), (6, 3, 2, (3, 2)),
+])
+def test_torus_shape_inference(n, rows, cols, shape):
+    t = build_topology("torus", n, rows=rows, cols=cols)
+    assert (t.rows, t.cols) == shape
+
+
+@pytest.mark.parametrize("n, kw, words", [
+    (7, {}, ["7 workers", "strategy.rows", "6 or 8", '"ring"']),
+    (2, {}, ["strategy.rows", "e.g. 4 workers"]),
+    (8, {"rows": 2, "cols": 3}, ["strategy.rows x strategy.cols = 2 x 3 = 6", "8 workers"]),
+    (8, {"rows": 3}, ["strategy.rows = 3", "8 workers"]),
+    (8, {"rows": 1, "cols": 8}, ["both sides >= 2"]),
+    (8, {"cols": -1}, ["both sides >= 2"]),
+    (8, {"rows": -2, "cols": -4}, ["both sides >= 2"]),
+])
+def test_torus_errors(n, kw, words):
+    with pytest.raises(UserError) as e:
+        build_topology("torus", n, **kw)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_star_hypercube_exponential():
+    assert nbrs(build_topology("star", 4)) == [{1, 2, 3}, {0}, {0}, {0}]
+    assert nbrs(build_topology("hypercube", 8))[5] == {4, 7, 1}
+    assert all(len(s) == 3 for s in nbrs(build_topology("hypercube", 8)))
+    assert nbrs(build_topology("exponential", 8))[0] == {1, 2, 4, 6, 7}
+    assert nbrs(build_topology("exponential", 6))[0] == {1, 2, 4, 5}
+    assert nbrs(build_topology("complete", 4))[2] == {0, 1, 3}
+
+
+@pytest.mark.parametrize("name", [n for n in TOPOLOGIES if n != "custom"])
+@pytest.mark.parametrize("weighting", ["uniform", "metropolis"])
+def test_weights_rows_sum_to_one_and_match_matrix(name, weighting):
+    if name == "onepeer" and weighting == "metropolis":
+        pytest.skip("directed")
+    t = build_topology(name, 8, weighting=weighting)
+    w = t.matrix()
+    assert w.dtype == torch.float64 and w.shape == (8, 8)
+    for i in range(8):
+        row = t.weights(i)
+        assert {j for j, _ in row} == {i, *t.in_neighbors(i)}
+        assert all(x >= 0 for _, x in row) and math.isclose(sum(x for _, x in row), 1.0)
+        assert all(w[i, j] == x for j, x in row)
+    assert torch.allclose(w.sum(1), torch.ones(8, dtype=torch.float64))
+    assert connected(t)
+
+
+@pytest.mark.parametrize("name, n", [("ring", 7), ("torus", 16), ("hypercube", 8),
+                                     ("exponential", 8), ("complete", 5)])
+def test_uniform_on_regular_graphs_is_doubly_stochastic(name, n):
+    t = build_topology(name, n)
+    w = t.matrix()
+    assert t.is_doubly_stochastic() and torch.allclose(w, w.T)
+
+
+def test_metropolis_star_and_random_doubly_stochastic_and_symmetric():
+    for t in (build_topology("star", 6, weighting="metropolis"),
+              build_topology("random", 10, degree=3, weighting="metropolis")):
+        w = t.matrix()
+        assert t.is_doubly_stochastic() and torch.allclose(w, w.T)
+    star = build_topology("star", 6, weighting="metropolis")
+    assert star.weights(1) == [(0, 1 / 6), (1, 5 / 6)]
+
+
+def test_uniform_star_is_not_doubly_stochastic():
+    t = build_topology("star", 6)
+    assert not t.is_doubly_stochastic()
+    assert t.weights(0) == [(i, 1 / 6) for i in range(6)]
+    assert t.weights(3) == [(0, 0.5), (3, 0.5)]
+    assert 0 < t.spectral_gap() <= 1
+
+
+def test_spectral_gap_complete_and_ring():
+    t = build_topology("complete", 6)
+    assert torch.allclose(t.matrix(), torch.full((6, 6), 1 / 6, dtype=torch.float64))
+    assert t.spectral_gap() == pytest.approx(1.0)
+    for n in (5, 8, 12):
+        ring = build_topology("ring", n)
+        expected = (1 + 2 * math.cos(2 * math.pi / n)) / 3
+        assert ring.second_eigenvalue() == pytest.approx(expected)
+        assert ring.spectral_gap() == pytest.approx(1 - expected)
+
+
+def test_onepeer_is_time_varying_directed_and_doubly_stochastic():
+    t = build_topology("onepeer", 8)
+    assert t.time_varying and t.directed and t.period == 3
+    assert [t.out_neighbors(3, s) for s in range(4)] == [[4], [5], [7], [4]]
+    assert [t.in_neighbors(3, s) for s in range(3)] == [[2], [1], [7]]
+    for s in range(3):
+        w = t.matrix(s)
+        assert t.weights(0, s) == sorted([(0, 0.5), (t.in_neighbors(0, s)[0], 0.5)])
+        ones = torch.ones(8, dtype=torch.float64)
+        assert torch.allclose(w.sum(0), ones) and torch.allclose(w.sum(1), ones)
+        assert t.is_doubly_stochastic(s)
+    assert build_topology("onepeer", 5).period == 3
+    assert nbrs(build_topology("onepeer", 1)) == [set()]
+    assert not build_topology("onepeer", 2).time_varying
+
+
+def test_random_regular_connected_seeded():
+    t = build_topology("random", 12, degree=3, seed=1)
+    assert all(len(s) == 3 for s in nbrs(t)) and connected(t) and not t.directed
+    assert t == build_topology("random", 12, degree=3, seed=1)
+    assert nbrs(t) != nbrs(build_topology("random", 12, degree=3, seed=2))
+    ring = build_topology("random", 9, degree=2, seed=3)
+    assert all(len(s) == 2 for s in nbrs(ring)) and connected(ring)
+    auto = build_topology("random", 7)
+    assert all(len(s) == 4 for s in nbrs(auto))
+    assert all(len(s) == 2 for s in nbrs(build_topology("random", 3)))
+
+
+@pytest.mark.parametrize("n, degree", [(5, 3), (4, 4), (6, -1), (6, 1)])
+def test_random_errors(n, degree):
+    with pytest.raises(UserError, match="strategy.degree"):
+        build_topology("random", n, degree=degree)
+
+
+def test_custom_edges():
+    t = build_topology("custom", 4, edges=[[0, 1], [1, 2], [2, 3], [3, 0], [0, 1]])
+    assert nbrs(t) == [{1, 3}, {0, 2}, {1, 3}, {0, 2}]
+    assert build_topology("custom", 1, edges=[]).weights(0) == [(0, 1.0)]
+
+
+@pytest.mark.parametrize("edges, words", [
+    (None, "strategy.edges"), ([[0, 5]], "strategy.edges[0]"), ([[0, 1], [2, 2]], "edges[1]"),
+    ([[0, 1, 2]], "edges[0]"), ([[0, "a"]], "edges[0]"), ([[0, True]], "edges[0]"),
+    ([[0, 1], [2, 3]], "connect"),
+])
+def test_custom_errors(edges, words):
+    with pytest.raises(UserError, match=words.replace("[", r"\[")):
+        build_topology("custom", 4, edges=edges)
+
+
+def test_other_errors():
+    with pytest.raises(UserError, match=r"unknown topology 'mesh' \(strategy.topology\)"):
+        build_topology("mesh", 4)
+    with pytest.raises(UserError, match="strategy.weights"):
+        build_topology("ring", 4, weighting="max")
+    with pytest.raises(UserError, match="strategy.weights.*directed"):
+        build_topology("onepeer", 4, weighting="metropolis")
+    with pytest.raises(UserError, match="strategy.topology.*n = 6"):
+        build_topology("hypercube", 6)
+    with pytest.raises(UserError, match="at least 1 worker"):
+        build_topology("ring", 0)
+
+
+def test_topology_is_picklable():
+    t = build_topology("torus", 8, weighting="metropolis")
+    u = pickle.loads(pickle.dumps(t))
+    assert u == t and u.weights(3) == t.weights(3) and u.directed == t.directed
+
+
+def test_describe_mentions_spectral_gap():
+    text = describe(build_topology("ring", 4))
+    assert "spectral gap 0.6667" in text and "doubly stochastic" in text
+    assert "   1: 0(0.3333) self(0.3333) 2(0.3333)" in text.splitlines()
+    assert "not doubly stochastic" in describe(build_topology("star", 5))
+    assert "step 1" in describe(build_topology("onepeer", 8), step=1)
+
+
+@pytest.mark.parametrize("name, n, step", [("torus", 16, 0), ("onepeer", 8, 1)])
+def test_draw_writes_png(tmp_path, name, n, step):
+    path = tmp_path / f"{name}.png"
+    draw(build_topology(name, n), path, step=step)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
