@@ -29,7 +29,35 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one key, e.g. --set run.workers=8 (repeatable)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _topology_parser(sub)
     return parser
+
+
+def _topology_parser(sub: argparse._SubParsersAction) -> None:
+    text = "show a topology: neighbours, mixing weights, spectral gap, and a PNG drawing"
+    p = sub.add_parser("topology", help=text, description=text)
+    p.add_argument("name", help="complete, star, ring, torus, hypercube, exponential, "
+                                "onepeer, random, custom")
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--weights", default="uniform", help="uniform | metropolis")
+    p.add_argument("--rows", type=int, default=0)
+    p.add_argument("--cols", type=int, default=0)
+    p.add_argument("--degree", type=int, default=0, help="random graphs")
+    p.add_argument("--seed", type=int, default=0, help="random graphs")
+    p.add_argument("--step", type=int, default=0, help="time-varying graphs: which step")
+    p.add_argument("--png", default=None, help="drawing (default: topology-NAME-N.png)")
+
+
+def _show_topology(args: argparse.Namespace) -> int:
+    from fastsgd.topology import build_topology, describe, draw
+
+    topo = build_topology(args.name, args.workers, rows=args.rows, cols=args.cols,
+                          degree=args.degree, seed=args.seed, weighting=args.weights)
+    print(describe(topo, args.step))
+    png = args.png or f"topology-{args.name}-{args.workers}.png"
+    draw(topo, png, args.step)
+    print(f"drawing: {png}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +77,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     from fastsgd.job import Job
     from fastsgd.report import text_report
 
+    if args.command == "topology":
+        return _show_topology(args)
     config = cfg.load(getattr(args, "config", None), args.set)
     job = Job(config=config, quiet=args.quiet)
     if args.command == "demo":

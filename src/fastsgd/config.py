@@ -18,6 +18,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+def _slowdowns(values: list) -> str | None:
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1 for v in values)
+    return None if ok else "must be a list of numbers >= 1 (one factor per worker rank)"
+
+
 # The defaults are the demo: LeNet on Fashion-MNIST, 4 workers, synchronous all-reduce,
 # global batch 128, which reaches 89-90% test accuracy in 8 epochs (README).
 SCHEMA: dict[str, dict[str, Option]] = {
@@ -30,6 +35,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "eval_every": Option(int, 500, at_least(0), "evaluate every N steps; 0 = at the end"),
         "target_accuracy": Option(float, 0.88, between(0, 1), "for time_to_target; 0 = none"),
         "log_every": Option(int, 1, at_least(1), "write metrics.jsonl every N steps"),
+        "slowdown": Option(list, [], _slowdowns, "per-worker compute factors, e.g. [1, 1, 1, 3]"),
         "representative": Option(str, "average", one_of(("average", "best", "rank0")),
                                  "the model saved and evaluated"),
         "backend": Option(str, "auto", one_of(("auto", "gloo", "nccl")), "torch.distributed"),
@@ -58,6 +64,12 @@ SCHEMA: dict[str, dict[str, Option]] = {
     },
 }
 OPEN_SECTIONS = ("strategy", "compression")  # their other keys belong to the chosen component
+
+
+def slowdown_of(config: dict, rank: int) -> float:
+    """How many times slower than measured worker `rank` computes (a straggler, for tests)."""
+    factors = config["run"]["slowdown"]
+    return float(factors[rank]) if rank < len(factors) else 1.0
 
 
 def defaults() -> dict[str, dict[str, Any]]:

@@ -92,7 +92,9 @@ class Job:
         net = network or Network.parse(config["network"]["bandwidth"],
                                        config["network"]["latency"])
         plan = self.plan(config, simulated=True)
-        simulate(config["run"]["workers"], lambda t: train(plan, t), net, slowdown)
+        n = config["run"]["workers"]
+        slowdown = slowdown or {r: cfg.slowdown_of(config, r) for r in range(n)}
+        simulate(n, lambda t: train(plan, t), net, slowdown)
         return _result(plan.run_dir)
 
     def _run_here(self) -> Result:
@@ -143,9 +145,13 @@ class Job:
         return lambda: build_model(name, dataset.input_shape, dataset.num_classes)
 
     def _strategy_object(self, config: dict) -> Strategy:
-        if self._strategy is not None and not isinstance(self._strategy, str):
-            return self._strategy
-        return build_strategy(config["strategy"])
+        strategy = self._strategy
+        if strategy is None or isinstance(strategy, str):
+            strategy = build_strategy(config["strategy"])
+        check = getattr(strategy, "check", None)  # e.g. does the topology fit the workers?
+        if check is not None:
+            check(config["run"]["workers"])
+        return strategy
 
     def _codec(self, config: dict) -> Compressor:
         if self._compressor is not None and not isinstance(self._compressor, str):

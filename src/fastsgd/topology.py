@@ -99,7 +99,7 @@ class Topology:
         w = self.matrix(step)
         symmetric = torch.allclose(w, w.T, atol=1e-12, rtol=0)
         mags = (torch.linalg.eigvalsh(w) if symmetric else torch.linalg.eigvals(w)).abs()
-        return float(torch.sort(mags, descending=True).values[1]) if self.n > 1 else 0.0
+        return min(1.0, float(torch.sort(mags, descending=True).values[1])) if self.n > 1 else 0.0
 
     def spectral_gap(self, step: int = 0) -> float:
         """1 - second_eigenvalue(step); for time-varying graphs the gap of that one step."""
@@ -114,7 +114,7 @@ def _invert(g: Graph) -> Graph:
     return tuple(tuple(sorted(x)) for x in ins)
 
 
-def _undirected(n: int, edges: list[tuple[int, int]]) -> Graph:
+def _undirected(n: int, edges: list[tuple[int, int]] | list[list[int]]) -> Graph:
     """The simple undirected graph on n ranks with these edges (self loops, duplicates dropped)."""
     adj: list[set[int]] = [set() for _ in range(n)]
     for a, b in edges:
@@ -183,7 +183,7 @@ def _random_regular(n: int, degree: int, seed: int) -> Graph:
         if g is not None and _connected(g):
             return g
     raise UserError(f"random: could not draw a connected {degree}-regular graph on {n} workers "
-                    "(strategy.degree, strategy.seed)")
+                    "(strategy.degree, strategy.graph_seed)")
 
 
 def _pair_stubs(n: int, degree: int, rng: random.Random) -> Graph | None:
@@ -289,12 +289,11 @@ def draw(topology: Topology, path: str | Path, step: int = 0) -> None:
                 ax.annotate("", xy=pos[j], xytext=pos[i], arrowprops=dict(
                     arrowstyle="-|>" if t.directed else "-", color="0.4", shrinkA=11, shrinkB=11,
                     connectionstyle=f"arc3,rad={bend}"))
+    ax.scatter(*zip(*pos), s=400, c="white", edgecolors="black", zorder=2)
     for i, (x, y) in enumerate(pos):
-        ax.text(x, y, str(i), ha="center", va="center", fontsize=8, zorder=3,
-                bbox=dict(boxstyle="circle", fc="white", ec="black"))
-    when = f", step {step}" if t.time_varying else ""
-    ax.set(title=f"{t.name}, n = {t.n}{when}, spectral gap {t.spectral_gap(step):.3f}",
-           aspect="equal", xmargin=0.15, ymargin=0.15)
+        ax.text(x, y, str(i), ha="center", va="center", fontsize=8, zorder=3)
+    ax.set(title=f"{t.name}, n = {t.n}{f', step {step}' * t.time_varying}, spectral gap "
+           f"{t.spectral_gap(step):.3f}", aspect="equal", xmargin=0.15, ymargin=0.15)
     ax.axis("off")
     fig.savefig(path, dpi=100)
     plt.close(fig)

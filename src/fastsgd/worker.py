@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from fastsgd.compress import Compressor
-from fastsgd.config import to_toml
+from fastsgd.config import slowdown_of, to_toml
 from fastsgd.data import Dataset, Shard, test_batches
 from fastsgd.errors import UserError
 from fastsgd.metrics import PHASES, JsonLines, write_json
@@ -115,6 +115,7 @@ class _Loop:
         self.time_to_target: float | None = None
         self.last_eval: tuple[int, float, float, float] | None = None  # rank 0 only
         self.evaluated: tuple[int, torch.nn.Module | None] = (0, None)  # step, representative
+        self.slowdown = slowdown_of(plan.config, self.rank)
         self.progress = Progress(self.steps, enabled=plan.progress and self.rank == 0)
 
     def run(self) -> dict[str, Any] | None:
@@ -148,6 +149,8 @@ class _Loop:
         loss = self.plan.step(self.model, (x, y))
         t3 = now()
         loss.backward()
+        if self.slowdown > 1 and not self.plan.simulated:  # the simulator scales it itself
+            time.sleep((self.slowdown - 1) * (now() - t2))
         t4 = now()
         self.replica.sync_gradients()
         t5 = now()

@@ -6,12 +6,13 @@ from fastsgd.options import Registry
 from fastsgd.strategies.allreduce import AllReduce
 from fastsgd.strategies.averaging import BMUF, EASGD, LocalSGD
 from fastsgd.strategies.base import Context, Strategy
+from fastsgd.strategies.gossip import DPSGD
 from fastsgd.strategies.ssp import StaleSynchronous
 
 STRATEGIES = Registry("strategy", "strategy", {
-    cls.name: cls for cls in (AllReduce, StaleSynchronous, LocalSGD, EASGD, BMUF)})
+    cls.name: cls for cls in (AllReduce, StaleSynchronous, LocalSGD, EASGD, BMUF, DPSGD)})
 validate_options = STRATEGIES.validate
 build_strategy = STRATEGIES.build
 
-__all__ = ["BMUF", "EASGD", "STRATEGIES", "AllReduce", "Context", "LocalSGD",
+__all__ = ["BMUF", "DPSGD", "EASGD", "STRATEGIES", "AllReduce", "Context", "LocalSGD",
            "StaleSynchronous", "Strategy", "build_strategy", "validate_options"]

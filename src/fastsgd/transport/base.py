@@ -55,6 +55,22 @@ class Transport(Protocol):
 
     def barrier(self) -> None: ...
 
+    def start_messages(self) -> None:
+        """Collective: prepare for asynchronous messages (post/poll/wait_message)."""
+        ...
+
+    def post(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        """Send an asynchronous message: it never waits for the receiver."""
+        ...
+
+    def poll(self, tag: int) -> list[tuple[int, torch.Tensor]]:
+        """Every message with `tag` that has arrived, as (source rank, flat tensor)."""
+        ...
+
+    def wait_message(self, tag: int) -> tuple[int, torch.Tensor]:
+        """Block until a message with `tag` arrives; return (source rank, flat tensor)."""
+        ...
+
     def now(self) -> float:
         """Seconds since the transport started: wall clock, or the virtual clock."""
         ...

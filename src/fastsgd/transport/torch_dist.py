@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 import time
 
 import torch
@@ -24,6 +25,8 @@ from fastsgd.transport.base import (
     ring_allreduce_bytes,
     tree_broadcast_bytes,
 )
+from fastsgd.transport.frames import frame_bytes
+from fastsgd.transport.messages import Messenger
 
 
 class _Work:
@@ -64,11 +67,14 @@ class TorchTransport:
             dist.init_process_group(backend, init_method="env://",
                                     timeout=datetime.timedelta(seconds=timeout))
         self.backend = backend
+        self._timeout = timeout
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.bytes_sent = 0
         self.bytes_received = 0
         self._start = time.perf_counter()
+        self._messenger: Messenger | None = None
+        self._received_lock = threading.Lock()
 
     def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
         size = ring_allreduce_bytes(nbytes(tensor), self.world_size)
@@ -100,6 +106,32 @@ class TorchTransport:
     def barrier(self) -> None:
         dist.barrier()
 
+    def start_messages(self) -> None:
+        """Collective: start the receiver thread that asynchronous messages need."""
+        if self._messenger is None and self.world_size > 1:
+            self._messenger = Messenger(self.rank, self.world_size, self._count_received)
+
+    def post(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        """Send an asynchronous message; the receiver takes it with poll or wait_message."""
+        self._count(frame_bytes(tensor), 0)
+        self._require_messages().send(tensor, dst, tag)
+
+    def poll(self, tag: int) -> list[tuple[int, torch.Tensor]]:
+        """Every message with `tag` that has arrived, as (source rank, flat tensor)."""
+        return self._require_messages().mailbox.take_all(tag)
+
+    def wait_message(self, tag: int) -> tuple[int, torch.Tensor]:
+        """Block until a message with `tag` arrives."""
+        return self._require_messages().mailbox.take_one(tag, self._timeout)
+
+    def _require_messages(self) -> Messenger:
+        if self._messenger is None:
+            raise RuntimeError("call start_messages() (collectively) before post/poll")
+        return self._messenger
+
+    def _count_received(self, size: int) -> None:
+        self._count(0, size)
+
     def now(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -109,9 +141,13 @@ class TorchTransport:
         """Real time cannot be paused; kept for symmetry with the simulator."""
 
     def close(self) -> None:
+        if self._messenger is not None:
+            self._messenger.close()
+            self._messenger = None
         if dist.is_initialized():
             dist.destroy_process_group()
 
     def _count(self, sent: int, received: int) -> None:
-        self.bytes_sent += sent
-        self.bytes_received += received
+        with self._received_lock:  # the receiver thread counts too
+            self.bytes_sent += sent
+            self.bytes_received += received

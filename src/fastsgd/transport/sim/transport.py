@@ -22,6 +22,7 @@ from fastsgd.transport.base import (
     ring_allreduce_bytes,
     tree_broadcast_bytes,
 )
+from fastsgd.transport.frames import frame_bytes
 from fastsgd.transport.sim.network import Network
 from fastsgd.transport.sim.scheduler import Scheduler
 
@@ -53,6 +54,8 @@ class SimFabric:
         self.link_free = [0.0] * world_size  # when each worker's outgoing link is free
         self.inbox: dict[tuple[int, int], deque[torch.Tensor]] = defaultdict(deque)
         self.receiving: dict[int, int] = {}  # rank -> src it blocks on
+        self.mail: dict[tuple[int, int], deque[tuple[int, torch.Tensor]]] = defaultdict(deque)
+        self.awaiting: dict[int, int] = {}  # rank -> message tag it blocks on
 
     def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: float,
                combine: Combine) -> _Collective:
@@ -73,18 +76,24 @@ class SimFabric:
         for rank in op.waiting:
             self.scheduler.wake(rank, op.end)
 
-    def post(self, src: int, dst: int, tensor: torch.Tensor) -> None:
-        now = self.scheduler.now(src)
-        start = max(now, self.link_free[src])
-        size = nbytes(tensor)
+    def post(self, src: int, dst: int, tensor: torch.Tensor, tag: int | None = None) -> None:
+        """Put `tensor` on src's link to dst: to the matching `recv` (tag None) or to dst's
+        mailbox for `tag`."""
+        size = nbytes(tensor) if tag is None else frame_bytes(tensor)
+        start = max(self.scheduler.now(src), self.link_free[src])
         self.link_free[src] = start + self.network.transfer_time(size)
         arrival = start + self.network.message_time(size)
-        payload = tensor.detach().clone()
+        payload = tensor.detach().clone() if tag is None else tensor.detach().reshape(-1).clone()
 
         def deliver() -> None:
-            self.inbox[(src, dst)].append(payload)
-            if self.receiving.get(dst) == src:
-                del self.receiving[dst]
+            if tag is None:
+                self.inbox[(src, dst)].append(payload)
+                blocked, key = self.receiving, src
+            else:
+                self.mail[(dst, tag)].append((src, payload))
+                blocked, key = self.awaiting, tag
+            if blocked.get(dst) == key:
+                del blocked[dst]
                 self.scheduler.wake(dst, arrival)
 
         self.scheduler.at(arrival, deliver)
@@ -165,6 +174,32 @@ class SimTransport:
             self.scheduler.block(self.rank)
         tensor.copy_(queue.popleft())
         self._count(0, nbytes(tensor))
+
+    def start_messages(self) -> None:
+        """Nothing to start: the simulated network delivers mail by itself."""
+
+    def post(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        self.scheduler.yield_(self.rank)
+        self._count(frame_bytes(tensor), 0)
+        self.fabric.post(self.rank, dst, tensor, tag)
+
+    def poll(self, tag: int) -> list[tuple[int, torch.Tensor]]:
+        self.scheduler.yield_(self.rank)
+        queue = self.fabric.mail[(self.rank, tag)]
+        out = list(queue)
+        queue.clear()
+        self._count(0, sum(frame_bytes(t) for _, t in out))
+        return out
+
+    def wait_message(self, tag: int) -> tuple[int, torch.Tensor]:
+        self.scheduler.yield_(self.rank)
+        queue = self.fabric.mail[(self.rank, tag)]
+        if not queue:
+            self.fabric.awaiting[self.rank] = tag
+            self.scheduler.block(self.rank)
+        src, payload = queue.popleft()
+        self._count(0, frame_bytes(payload))
+        return src, payload
 
     def now(self) -> float:
         return self.scheduler.now(self.rank)

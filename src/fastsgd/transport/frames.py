@@ -1,0 +1,50 @@
+"""Typed tensor frames: how an asynchronous message crosses the wire.
+
+A frame is a fixed header (int64 x 8: magic, version, tag, element count, dtype code) then
+the payload tensor. Nothing received from a peer is unpickled; a header that does not
+parse is an error that names the peer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastsgd.errors import UserError
+
+MAGIC = 0x46415354  # "FAST"
+VERSION = 1
+HEADER_WORDS = 8
+HEADER_BYTES = HEADER_WORDS * 8
+STOP_TAG = -1  # a frame a transport sends itself to stop its receiver
+
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+          torch.int32, torch.uint8, torch.int8, torch.bool)
+
+
+class MalformedFrame(UserError):
+    """A peer sent bytes that are not a fastsgd frame (another program, a version skew)."""
+
+
+def header(tensor: torch.Tensor, tag: int) -> torch.Tensor:
+    if tensor.dtype not in DTYPES:
+        raise TypeError(f"cannot send a tensor of dtype {tensor.dtype}")
+    words = [MAGIC, VERSION, tag, tensor.numel(), DTYPES.index(tensor.dtype)]
+    return torch.tensor(words + [0] * (HEADER_WORDS - len(words)), dtype=torch.int64)
+
+
+def parse(words: torch.Tensor, peer: int) -> tuple[int, int, torch.dtype]:
+    """(tag, element count, dtype) of a received header, or MalformedFrame naming `peer`."""
+    magic, version, tag, numel, code = (int(w) for w in words[:5])
+    if magic != MAGIC:
+        raise MalformedFrame(f"malformed frame from worker {peer}: bad magic {magic:#x}")
+    if version != VERSION:
+        raise MalformedFrame(f"frame from worker {peer} has version {version}, "
+                             f"this fastsgd speaks {VERSION}: mixed fastsgd versions?")
+    if not 0 <= code < len(DTYPES) or numel < 0:
+        raise MalformedFrame(f"malformed frame from worker {peer}: dtype code {code}, "
+                             f"{numel} elements")
+    return tag, numel, DTYPES[code]
+
+
+def frame_bytes(tensor: torch.Tensor) -> int:
+    return HEADER_BYTES + tensor.numel() * tensor.element_size()

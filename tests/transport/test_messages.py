@@ -1,0 +1,89 @@
+"""Asynchronous messages (post / poll / wait_message) on both transports."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fastsgd.errors import UserError
+from fastsgd.launch import launch
+from fastsgd.transport.frames import HEADER_BYTES
+from fastsgd.transport.sim import Network, simulate
+from fastsgd.transport.torch_dist import TorchTransport
+
+NET = Network.parse("100Mbit", "1ms")
+
+
+def exchange(t):
+    """Everyone posts its rank to everyone else; collect what came, with both calls."""
+    t.start_messages()
+    for peer in range(t.world_size):
+        if peer != t.rank:
+            t.post(torch.full((10,), float(t.rank)), peer, tag=7)
+    got = [t.wait_message(7) for _ in range(t.world_size - 1)]
+    assert t.poll(7) == []  # nothing more is coming
+    return sorted((src, float(x.sum())) for src, x in got), t.bytes_sent, t.bytes_received
+
+
+def check(results, n):
+    frame = HEADER_BYTES + 40
+    for rank, (got, sent, received) in enumerate(results):
+        assert got == [(p, 10.0 * p) for p in range(n) if p != rank]
+        assert sent == received == (n - 1) * frame
+
+
+def test_simulated_messages_arrive_after_latency_plus_size():
+    check(simulate(3, exchange, NET, {r: 0.0 for r in range(3)}), 3)
+
+    def timed(t):
+        if t.rank == 0:
+            t.post(torch.zeros(1000), 1, tag=1)
+            return None
+        t.wait_message(1)
+        return t.now()
+
+    arrival = simulate(2, timed, NET, {0: 0.0, 1: 0.0})[1]
+    assert arrival == pytest.approx(NET.latency + (HEADER_BYTES + 4000) / NET.bandwidth)
+
+
+def test_poll_returns_only_what_has_arrived():
+    def worker(t):
+        if t.rank == 0:
+            t.post(torch.ones(3), 1, tag=5)
+            return None
+        early = t.poll(5)  # at virtual time 0 the message is still on the wire
+        t.scheduler.wake(1, 1.0)
+        return len(early), len(t.poll(5))
+
+    assert simulate(2, worker, NET, {0: 0.0, 1: 0.0})[1] == (0, 1)
+
+
+def _real(fn, out):
+    def body():
+        t = TorchTransport("gloo", timeout=60)
+        try:
+            result = fn(t)
+            torch.save(result, f"{out}/{t.rank}.pt")
+        finally:
+            t.close()
+    return body
+
+
+@pytest.mark.multiproc
+def test_real_messages_between_three_processes(tmp_path):
+    launch(_real(exchange, tmp_path), 3, threads=1)
+    check([torch.load(tmp_path / f"{r}.pt") for r in range(3)], 3)
+
+
+def _garbage(t):
+    t.start_messages()
+    if t.rank == 1:
+        bad = torch.tensor([0xBAD] * 8, dtype=torch.int64)
+        dist.isend(bad, 0, t._messenger.group, tag=101).wait()
+        return None
+    t.wait_message(3)
+
+
+@pytest.mark.multiproc
+def test_a_malformed_frame_names_the_peer(tmp_path):
+    with pytest.raises(UserError, match="malformed frame from worker 1"):
+        launch(_real(_garbage, tmp_path), 2, threads=1)
