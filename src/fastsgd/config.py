@@ -60,7 +60,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
     "network": {
         "bandwidth": Option(str, "10Gbit", doc="simulated link bandwidth, e.g. 100Mbit, 1GB"),
         "latency": Option(str, "50us", doc="simulated per-message latency, e.g. 20ms"),
-        "compute": Option(str, "measured", doc="'measured' or seconds per step, e.g. 0.01"),
+        "jitter": Option(str, "0s", doc="extra random delay per message, up to e.g. 5ms"),
     },
 }
 OPEN_SECTIONS = ("strategy", "compression")  # their other keys belong to the chosen component

@@ -89,8 +89,7 @@ class Job:
                  slowdown: dict[int, float] | None = None) -> Result:
         """Train `workers` logical workers in this process on a virtual clock and network."""
         config = self._with_workers(workers)
-        net = network or Network.parse(config["network"]["bandwidth"],
-                                       config["network"]["latency"])
+        net = network or Network.parse(**config["network"], seed=config["run"]["seed"])
         plan = self.plan(config, simulated=True)
         n = config["run"]["workers"]
         slowdown = slowdown or {r: cfg.slowdown_of(config, r) for r in range(n)}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastsgd.errors import ConfigError
@@ -19,6 +19,9 @@ class Option:
     default: Any
     check: Check | None = None
     doc: str = ""
+
+    def with_default(self, default: Any) -> Option:
+        return replace(self, default=default)
 
     def validate(self, key: str, value: Any) -> Any:
         """Return `value` converted to this option's type, or raise ConfigError naming `key`."""

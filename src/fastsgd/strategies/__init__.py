@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from fastsgd.options import Registry
 from fastsgd.strategies.allreduce import AllReduce
+from fastsgd.strategies.async_gossip import ADPSGD, SGP
 from fastsgd.strategies.averaging import BMUF, EASGD, LocalSGD
 from fastsgd.strategies.base import Context, Strategy
 from fastsgd.strategies.gossip import DPSGD
 from fastsgd.strategies.ssp import StaleSynchronous
 
 STRATEGIES = Registry("strategy", "strategy", {
-    cls.name: cls for cls in (AllReduce, StaleSynchronous, LocalSGD, EASGD, BMUF, DPSGD)})
+    cls.name: cls for cls in (AllReduce, StaleSynchronous, LocalSGD, EASGD, BMUF, DPSGD, ADPSGD,
+                              SGP)})
 validate_options = STRATEGIES.validate
 build_strategy = STRATEGIES.build
 
-__all__ = ["BMUF", "DPSGD", "EASGD", "STRATEGIES", "AllReduce", "Context", "LocalSGD",
-           "StaleSynchronous", "Strategy", "build_strategy", "validate_options"]
+__all__ = ["ADPSGD", "BMUF", "DPSGD", "EASGD", "SGP", "STRATEGIES", "AllReduce", "Context",
+           "LocalSGD", "StaleSynchronous", "Strategy", "build_strategy", "validate_options"]

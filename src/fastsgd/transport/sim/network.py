@@ -59,10 +59,14 @@ class Network:
 
     bandwidth: float = 10e9 / 8
     latency: float = 50e-6
+    jitter: float = 0.0  # each point-to-point message waits up to this much longer (random)
+    seed: int = 0  # of the jitter
 
     @classmethod
-    def parse(cls, bandwidth: str | float = "10Gbit", latency: str | float = "50us") -> Network:
-        return cls(parse_bandwidth(bandwidth), parse_seconds(latency))
+    def parse(cls, bandwidth: str | float = "10Gbit", latency: str | float = "50us",
+              jitter: str | float = 0.0, seed: int = 0) -> Network:
+        return cls(parse_bandwidth(bandwidth), parse_seconds(latency),
+                   parse_seconds(jitter, "network.jitter"), seed)
 
     def message_time(self, size: int) -> float:
         """Seconds for one message of `size` bytes on one link."""

@@ -8,6 +8,7 @@ Point-to-point messages leave a worker's link one at a time and arrive
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class SimFabric:
         self.receiving: dict[int, int] = {}  # rank -> src it blocks on
         self.mail: dict[tuple[int, int], deque[tuple[int, torch.Tensor]]] = defaultdict(deque)
         self.awaiting: dict[int, int] = {}  # rank -> message tag it blocks on
+        self.jitter = random.Random(network.seed)
 
     def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: float,
                combine: Combine) -> _Collective:
@@ -83,6 +85,8 @@ class SimFabric:
         start = max(self.scheduler.now(src), self.link_free[src])
         self.link_free[src] = start + self.network.transfer_time(size)
         arrival = start + self.network.message_time(size)
+        if self.network.jitter:
+            arrival += self.jitter.uniform(0, self.network.jitter)
         payload = tensor.detach().clone() if tag is None else tensor.detach().reshape(-1).clone()
 
         def deliver() -> None:

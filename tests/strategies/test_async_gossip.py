@@ -1,0 +1,82 @@
+"""Asynchronous strategies: push-sum conserves mass; Statement 1 of the FAST paper."""
+
+import pytest
+import torch
+
+from fastsgd.compress import Identity
+from fastsgd.strategies import Context
+from fastsgd.strategies.async_gossip import SGP
+from fastsgd.transport.sim import Network, simulate
+from tests.strategies.helpers import sim_job
+
+JITTERY = Network.parse("1Gbit", "1ms", jitter="20ms", seed=3)
+STRAGGLERS = {0: 1.0, 1: 3.0, 2: 1.0, 3: 7.0, 4: 2.0}
+
+
+def test_push_sum_keeps_the_mass_whatever_the_delays():
+    """No gradients: after the drain, sum of weights = n and sum of w*z = sum of the starts."""
+    steps = 30
+
+    def worker(t):
+        z = torch.nn.Parameter(torch.randn(500, generator=torch.Generator().manual_seed(t.rank),
+                                           dtype=torch.float64))
+        start = z.detach().clone()
+        strategy, ctx = SGP(), Context(t, Identity(), total_steps=steps)
+        state = strategy.init([z], ctx)
+        for step in range(steps):
+            ctx.step = step
+            strategy.on_parameters([z], state, ctx)
+        return start, z.detach(), float(state["weight"])
+
+    out = simulate(5, worker, JITTERY, STRAGGLERS)
+    assert sum(w for _, _, w in out) == pytest.approx(5.0, rel=1e-12)
+    mass = sum(w * z for _, z, w in out)
+    assert torch.allclose(mass, sum(s for s, _, _ in out), atol=1e-10)
+
+
+def test_statement_1_complete_communication_ends_consistent():
+    """Viviani et al. 2019, Statement 1: SGD without momentum; every worker sends every update
+    to every other; updates arrive late and in any order; once every queued update is applied,
+    all replicas are identical."""
+    steps, lr = 20, 0.1
+
+    def worker(t):
+        t.start_messages()
+        w = torch.zeros(64, dtype=torch.float64)  # w0, the common start
+        rng = torch.Generator().manual_seed(100 + t.rank)
+        applied = 0
+        for _ in range(steps):
+            update = -lr * torch.randn(64, generator=rng, dtype=torch.float64)  # a gradient step
+            w += update
+            for peer in range(t.world_size):
+                if peer != t.rank:
+                    t.post(update, peer, tag=9)
+            for _, remote in t.poll(9):  # apply whatever has arrived: different orders
+                w += remote
+                applied += 1
+        while applied < steps * (t.world_size - 1):  # empty the queues
+            w += t.wait_message(9)[1]
+            applied += 1
+        return w
+
+    replicas = simulate(5, worker, JITTERY, STRAGGLERS)
+    for w in replicas[1:]:
+        assert torch.allclose(w, replicas[0], rtol=0, atol=1e-12)
+    assert not torch.equal(replicas[0], torch.zeros(64, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("strategy", [
+    {"name": "sgp"}, {"name": "sgp", "topology": "ring"},
+    {"name": "adpsgd", "topology": "torus"}, {"name": "adpsgd", "rotate": True},
+])
+def test_asynchronous_strategies_train(strategy, synthetic, tmp_path):
+    job = sim_job(synthetic, tmp_path, strategy, steps=150, **{
+        "network.jitter": "2ms", "run.slowdown": [1, 1, 1, 3]})
+    assert job.simulate(4).accuracy > 0.6
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("name", ["sgp", "adpsgd"])
+def test_asynchronous_strategies_on_real_processes(name, synthetic, tmp_path):
+    result = sim_job(synthetic, tmp_path, {"name": name}, steps=100).run(workers=4)
+    assert result.accuracy > 0.5 and result.summary["bytes_sent_total"] > 0
