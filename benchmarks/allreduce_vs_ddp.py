@@ -96,7 +96,7 @@ def main() -> None:
     p.add_argument("--bucket-mb", type=float, default=25.0)
     args = p.parse_args()
     dataset = load_dataset(args.data)
-    launch(lambda: worker(args, dataset), args.workers, threads=1)
+    launch(lambda: worker(args, dataset), args.workers)
 
 
 if __name__ == "__main__":

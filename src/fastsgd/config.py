@@ -39,7 +39,6 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "representative": Option(str, "average", one_of(("average", "best", "rank0")),
                                  "the model saved and evaluated"),
         "backend": Option(str, "auto", one_of(("auto", "gloo", "nccl")), "torch.distributed"),
-        "threads": Option(int, 0, at_least(0), "torch threads per worker; 0 = cores/workers"),
         "timeout": Option(float, 300.0, positive, "seconds a collective may wait for a peer"),
     },
     "data": {

@@ -82,7 +82,7 @@ class Job:
         config = self._with_workers(workers)
         plan = self.plan(config)
         run = config["run"]
-        launch(lambda: _train_process(plan), run["workers"], run["threads"])
+        launch(lambda: _train_process(plan), run["workers"])
         return _result(plan.run_dir)
 
     def simulate(self, workers: int | None = None, network: Network | None = None,

@@ -1,7 +1,9 @@
 """Start N local worker processes joined by torch.distributed on loopback.
 
-Workers are forked, so a Job built from lambdas and local functions needs no pickling.
-If one worker fails, the others are stopped and its message is raised here.
+Workers are forked, so a Job built from lambdas and local functions needs no pickling. Each
+runs torch with one intra-op thread, as torchrun does by default (OMP_NUM_THREADS=1): a
+forked child that starts an OpenMP pool of its own after the parent used one hangs (libgomp
+is not fork-safe). If one worker fails, the others are stopped and its message is raised.
 """
 
 from __future__ import annotations
@@ -27,17 +29,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def threads_per_worker(workers: int, requested: int = 0) -> int:
-    return requested or max(1, (os.cpu_count() or 1) // workers)
-
-
-def launch(fn: Callable[[], object], workers: int, threads: int = 0) -> None:
+def launch(fn: Callable[[], object], workers: int) -> None:
     """Run `fn()` in `workers` processes with RANK/WORLD_SIZE/MASTER_* set; wait for all."""
     ctx = mp.get_context("fork")
     errors = ctx.SimpleQueue()
     port = free_port()
-    threads = threads_per_worker(workers, threads)
-    procs = [ctx.Process(target=_child, args=(fn, rank, workers, port, threads, errors),
+    procs = [ctx.Process(target=_child, args=(fn, rank, workers, port, errors),
                          name=f"fastsgd-worker-{rank}") for rank in range(workers)]
     for p in procs:
         p.start()
@@ -74,12 +71,12 @@ def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Excepti
     return WorkerFailed(f"worker {first_rank} failed: {message}\n{trace}")
 
 
-def _child(fn: Callable[[], object], rank: int, world: int, port: int, threads: int,
+def _child(fn: Callable[[], object], rank: int, world: int, port: int,
            errors: mp.SimpleQueue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world))
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)
     try:
         fn()
     except BaseException as e:  # noqa: BLE001 - reported to the parent, then exit 1

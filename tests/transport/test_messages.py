@@ -70,7 +70,7 @@ def _real(fn, out):
 
 @pytest.mark.multiproc
 def test_real_messages_between_three_processes(tmp_path):
-    launch(_real(exchange, tmp_path), 3, threads=1)
+    launch(_real(exchange, tmp_path), 3)
     check([torch.load(tmp_path / f"{r}.pt") for r in range(3)], 3)
 
 
@@ -86,4 +86,4 @@ def _garbage(t):
 @pytest.mark.multiproc
 def test_a_malformed_frame_names_the_peer(tmp_path):
     with pytest.raises(UserError, match="malformed frame from worker 1"):
-        launch(_real(_garbage, tmp_path), 2, threads=1)
+        launch(_real(_garbage, tmp_path), 2)

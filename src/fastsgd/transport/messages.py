@@ -4,13 +4,17 @@ Asynchronous strategies (parameter server, asynchronous gossip, push-sum) need t
 whatever has arrived, from anyone, without a matching call on the sender's side. Each
 process runs one receiver thread on a dedicated gloo group: it takes frames (header, then
 payload; see frames.py) from any peer and files them by tag; the training thread reads them
-with `poll` (never blocks) or `wait` (blocks for one). Sends are non-blocking.
+with `poll` (never blocks) or `wait` (blocks for one). Sends are non-blocking. A tag can
+instead have a handler (`serve`), which the receiver thread runs for each message as it
+arrives: a parameter server's shard answers pushes and fetches while its rank trains.
+A message to oneself is handed over directly, without the network.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict, deque
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -67,16 +71,30 @@ class Messenger:
         self.mailbox = Mailbox()
         self._on_receive = on_receive
         self._pending: list[dist.Work] = []
+        self._send_lock = threading.Lock()  # the training and receiver threads both send
+        self.handlers: dict[int, Callable[[int, torch.Tensor], None]] = {}
         self._thread = threading.Thread(target=self._receive_loop, daemon=True,
                                         name=f"fastsgd-receiver-{rank}")
-        self._thread.start()
+        if world_size > 1:  # alone, a process only ever messages itself
+            self._thread.start()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         payload = tensor.detach().reshape(-1).contiguous().cpu()
-        self._pending = [w for w in self._pending if not w.is_completed()]
-        self._pending.append(dist.isend(frames.header(payload, tag), dst, self.group,
-                                        tag=HEADER_TAG))
-        self._pending.append(dist.isend(payload, dst, self.group, tag=PAYLOAD_TAG))
+        if dst == self.rank:
+            self._dispatch(tag, dst, payload.clone())
+            return
+        with self._send_lock:
+            self._pending = [w for w in self._pending if not w.is_completed()]
+            self._pending.append(dist.isend(frames.header(payload, tag), dst, self.group,
+                                            tag=HEADER_TAG))
+            self._pending.append(dist.isend(payload, dst, self.group, tag=PAYLOAD_TAG))
+
+    def _dispatch(self, tag: int, src: int, payload: torch.Tensor) -> None:
+        handler = self.handlers.get(tag)
+        if handler is None:
+            self.mailbox.put(tag, src, payload)
+        else:
+            handler(src, payload)
 
     def _receive_loop(self) -> None:
         while True:
@@ -88,15 +106,19 @@ class Messenger:
                     return
                 payload = torch.empty(numel, dtype=dtype)
                 dist.recv(payload, src, self.group, tag=PAYLOAD_TAG)
+                self._on_receive(frames.frame_bytes(payload))
+                self._dispatch(tag, src, payload)
             except BaseException as e:  # noqa: BLE001 - handed to the training thread
                 self.mailbox.fail(e)
                 return
-            self._on_receive(frames.frame_bytes(payload))
-            self.mailbox.put(tag, src, payload)
 
     def close(self) -> None:
         """Collective: wait until every frame is delivered, then stop the receivers."""
-        for work in self._pending:
+        if self.world_size == 1:
+            return
+        with self._send_lock:
+            pending = list(self._pending)
+        for work in pending:
             work.wait()
         dist.barrier(group=self.group)
         stop = torch.zeros(0)

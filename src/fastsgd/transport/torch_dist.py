@@ -108,13 +108,19 @@ class TorchTransport:
 
     def start_messages(self) -> None:
         """Collective: start the receiver thread that asynchronous messages need."""
-        if self._messenger is None and self.world_size > 1:
+        if self._messenger is None:
             self._messenger = Messenger(self.rank, self.world_size, self._count_received)
 
     def post(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         """Send an asynchronous message; the receiver takes it with poll or wait_message."""
-        self._count(frame_bytes(tensor), 0)
+        if dst != self.rank:  # a message to oneself never leaves the process
+            self._count(frame_bytes(tensor), 0)
         self._require_messages().send(tensor, dst, tag)
+
+    def serve(self, tag: int, handler) -> None:
+        """Run `handler(src, payload)` for each message with `tag` as it arrives (on the
+        receiver thread: the handler must guard what it shares with the training thread)."""
+        self._require_messages().handlers[tag] = handler
 
     def poll(self, tag: int) -> list[tuple[int, torch.Tensor]]:
         """Every message with `tag` that has arrived, as (source rank, flat tensor)."""

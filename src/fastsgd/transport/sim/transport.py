@@ -58,6 +58,8 @@ class SimFabric:
         self.mail: dict[tuple[int, int], deque[tuple[int, torch.Tensor]]] = defaultdict(deque)
         self.awaiting: dict[int, int] = {}  # rank -> message tag it blocks on
         self.jitter = random.Random(network.seed)
+        self.handlers: dict[tuple[int, int], Callable[[int, torch.Tensor], None]] = {}
+        self.handling_at: float | None = None  # set while a handler runs (scheduler thread)
 
     def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: float,
                combine: Combine) -> _Collective:
@@ -80,27 +82,40 @@ class SimFabric:
 
     def post(self, src: int, dst: int, tensor: torch.Tensor, tag: int | None = None) -> None:
         """Put `tensor` on src's link to dst: to the matching `recv` (tag None) or to dst's
-        mailbox for `tag`."""
+        mailbox or handler for `tag`. A message to oneself arrives at once."""
         size = nbytes(tensor) if tag is None else frame_bytes(tensor)
-        start = max(self.scheduler.now(src), self.link_free[src])
-        self.link_free[src] = start + self.network.transfer_time(size)
-        arrival = start + self.network.message_time(size)
-        if self.network.jitter:
-            arrival += self.jitter.uniform(0, self.network.jitter)
+        now = self.scheduler.now(src) if self.handling_at is None else self.handling_at
         payload = tensor.detach().clone() if tag is None else tensor.detach().reshape(-1).clone()
+        arrival = now
+        if src != dst:
+            start = max(now, self.link_free[src])
+            self.link_free[src] = start + self.network.transfer_time(size)
+            arrival = start + self.network.message_time(size)
+            if self.network.jitter:
+                arrival += self.jitter.uniform(0, self.network.jitter)
 
-        def deliver() -> None:
-            if tag is None:
-                self.inbox[(src, dst)].append(payload)
-                blocked, key = self.receiving, src
-            else:
-                self.mail[(dst, tag)].append((src, payload))
-                blocked, key = self.awaiting, tag
-            if blocked.get(dst) == key:
-                del blocked[dst]
-                self.scheduler.wake(dst, arrival)
+        self.scheduler.at(arrival, lambda: self._file(src, dst, tag, payload, arrival))
 
-        self.scheduler.at(arrival, deliver)
+    def _file(self, src: int, dst: int, tag: int | None, payload: torch.Tensor,
+              arrival: float) -> None:
+        """A message arrives: to its handler, or queued, waking dst if it waits for it."""
+        handler = self.handlers.get((dst, tag)) if tag is not None else None
+        if handler is not None:
+            self.handling_at = arrival
+            try:
+                handler(src, payload)
+            finally:
+                self.handling_at = None
+            return
+        if tag is None:
+            self.inbox[(src, dst)].append(payload)
+            blocked, key = self.receiving, src
+        else:
+            self.mail[(dst, tag)].append((src, payload))
+            blocked, key = self.awaiting, tag
+        if blocked.get(dst) == key:
+            del blocked[dst]
+            self.scheduler.wake(dst, arrival)
 
 
 class SimHandle:
@@ -183,9 +198,16 @@ class SimTransport:
         """Nothing to start: the simulated network delivers mail by itself."""
 
     def post(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
-        self.scheduler.yield_(self.rank)
-        self._count(frame_bytes(tensor), 0)
+        if self.fabric.handling_at is None:  # handlers run between scheduling points
+            self.scheduler.yield_(self.rank)
+        if dst != self.rank:
+            self._count(frame_bytes(tensor), 0)
         self.fabric.post(self.rank, dst, tensor, tag)
+
+    def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
+        """Run `handler(src, payload)` when a message with `tag` arrives, at its arrival
+        time; it may `post` replies, which leave at that time."""
+        self.fabric.handlers[(self.rank, tag)] = handler
 
     def poll(self, tag: int) -> list[tuple[int, torch.Tensor]]:
         self.scheduler.yield_(self.rank)

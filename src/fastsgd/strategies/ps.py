@@ -1,0 +1,125 @@
+"""Asynchronous parameter server (Downpour SGD, Dean et al. 2012; Project Adam).
+
+The parameter vector is split into `servers` shards, held by ranks 0..servers-1: a server is
+a role those ranks play beside training, answering messages as they arrive (on the receiver
+thread of a real process; at arrival time in the simulator). Each worker trains its own
+copy with its own optimizer (its state stays with the worker) and, every `n_push` steps,
+pushes the change its optimizer made since the last push; every `n_fetch` steps it asks for
+the servers' parameters and, when they come, takes them, keeping the progress it made since
+it asked. Nobody waits for anyone, except for the final fetch. With `staleness_lr`, a server
+scales a push by 1/staleness, the number of pushes it applied since the pusher last fetched
+(Zhang et al. 2016). On the wire: parameter deltas up, parameters down.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+import torch
+
+from fastsgd.errors import UserError
+from fastsgd.options import Option, at_least
+from fastsgd.strategies.base import Context
+from fastsgd.strategies.params import assign, flatten
+
+Params = list[torch.nn.Parameter]
+PUSH, FETCH, PARAMS = 31, 32, 33
+
+
+class ParameterServer:
+    name = "ps"
+    OPTIONS = {
+        "n_push": Option(int, 1, at_least(1), "steps between pushes"),
+        "n_fetch": Option(int, 1, at_least(1), "steps between fetches"),
+        "servers": Option(int, 1, at_least(1), "ranks holding a shard"),
+        "staleness_lr": Option(bool, False, doc="scale pushes by 1/staleness"),
+    }
+
+    def __init__(self, n_push: int = 1, n_fetch: int = 1, servers: int = 1,
+                 staleness_lr: bool = False):
+        self.n_push, self.n_fetch, self.servers = n_push, n_fetch, servers
+        self.staleness_lr = staleness_lr
+
+    def check(self, world_size: int) -> None:
+        if self.servers > world_size:
+            raise UserError(f"strategy.servers = {self.servers} but there are only "
+                            f"{world_size} workers")
+
+    def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        self.check(ctx.transport.world_size)
+        t, flat = ctx.transport, flatten(params)
+        sizes = [len(c) for c in torch.arange(flat.numel()).tensor_split(self.servers)]
+        self._slices = [slice(sum(sizes[:k]), sum(sizes[:k + 1])) for k in range(self.servers)]
+        self._pushed = flat  # parameters when we last pushed
+        self._versions = [0] * self.servers  # server versions our copy is based on
+        self._asked: list[deque[torch.Tensor]] = [deque() for _ in range(self.servers)]
+        self._last_fetch = 0
+        t.start_messages()
+        state: dict[str, Any] = {}
+        if t.rank < self.servers:
+            state["shard"] = flat[self._slices[t.rank]].clone()
+            state["version"] = torch.zeros(1, dtype=torch.int64)
+            self._lock = threading.Lock()
+            t.serve(PUSH, lambda src, m: self._apply_push(state, m))
+            t.serve(FETCH, lambda src, m: self._answer_fetch(t, state, src))
+        return state
+
+    # ---- the server role ----------------------------------------------------------------
+    def _apply_push(self, state: dict[str, Any], message: torch.Tensor) -> None:
+        delta, based_on = message[:-1], int(message[-1])
+        with self._lock:
+            staleness = int(state["version"]) - based_on
+            scale = 1.0 / max(1, staleness) if self.staleness_lr else 1.0
+            state["shard"].add_(delta, alpha=scale)
+            state["version"] += 1
+
+    def _answer_fetch(self, t, state: dict[str, Any], src: int) -> None:
+        with self._lock:
+            reply = torch.cat([state["shard"], state["version"].to(state["shard"].dtype)])
+        t.post(reply, src, PARAMS)
+
+    # ---- the worker role ----------------------------------------------------------------
+    def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        return None
+
+    def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        t, step, last = ctx.transport, ctx.step + 1, ctx.last_step
+        local = self._take_replies(flatten(params), t.poll(PARAMS), step)
+        if step % self.n_push == 0 or last:
+            for k, part in enumerate(self._slices):
+                delta = local[part] - self._pushed[part]
+                t.post(torch.cat([delta, delta.new_tensor([self._versions[k]])]), k, PUSH)
+            self._pushed = local
+        if step % self.n_fetch == 0 or last:
+            for k, part in enumerate(self._slices):
+                self._asked[k].append(self._pushed[part].clone())
+                t.post(torch.zeros(1), k, FETCH)
+        if last:
+            due = sum(len(q) for q in self._asked)
+            local = self._take_replies(local, [t.wait_message(PARAMS) for _ in range(due)],
+                                       step)
+        ctx.stats["staleness"] = step - self._last_fetch
+        assign(params, local)
+
+    def _take_replies(self, local: torch.Tensor, replies: list, step: int) -> torch.Tensor:
+        """A server's shard S replaces ours, plus what we changed since we asked for it; the
+        push baseline, and the snapshots of later requests still out, move by the same jump
+        (S minus what we had pushed when we asked)."""
+        if not replies:
+            return local
+        local, self._pushed = local.clone(), self._pushed.clone()
+        for src, reply in replies:
+            part, pushed_then = self._slices[src], self._asked[src].popleft()
+            jump = reply[:-1] - pushed_then
+            local[part] += jump
+            self._pushed[part] += jump
+            for later in self._asked[src]:
+                later += jump
+            self._versions[src] = int(reply[-1])
+        self._last_fetch = step
+        return local
+
+    def close(self) -> None:
+        return None
