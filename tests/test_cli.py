@@ -20,6 +20,23 @@ def fastsgd(*args, cwd=None):
     (["run", "--set", "data.path=/no/such/folder"], "apt-get install dataset-fashion-mnist"),
     (["run", "--set", "run.typo=1"], "run.typo"),
     (["demo", "--set", "optimizer.lr=-1"], "optimizer.lr"),
+    (["simulate", "--set", "strategy.name=ssp", "--set", "strategy.staleness=-1"],
+     "strategy.staleness must be >= 0"),
+    (["simulate", "--set", "strategy.name=localsgd", "--set", "strategy.period=0"],
+     "strategy.period must be >= 1"),
+    (["simulate", "--set", "strategy.name=easgd", "--set", "strategy.alpha=1.5"],
+     "strategy.alpha must be in (0, 1)"),
+    (["simulate", "--set", "strategy.name=ssp", "--set", "strategy.staleness=1.5"],
+     "strategy.staleness must be of type int"),
+    (["simulate", "--set", "strategy.name=dpsgd", "--set", "strategy.topology=moebius"],
+     "strategy.topology"),
+    (["simulate", "--set", "strategy.name=dpsgd", "--set", "strategy.topology=torus",
+      "--set", "run.workers=7", "--set", "data.name=synthetic"], "strategy.rows"),
+    (["simulate", "--set", "strategy.name=dpsgd", "--set", "strategy.period=3"],
+     "unknown config key 'strategy.period'"),
+    (["simulate", "--set", "strategy.name=ps", "--set", "strategy.servers=9"],
+     "strategy.servers"),
+    (["simulate", "--set", "run.slowdown=[1, 0.5]"], "run.slowdown"),
 ])
 def test_bad_input_is_one_line(args, culprit):
     proc = fastsgd(*args)
@@ -44,3 +61,16 @@ def test_simulate_prints_a_report(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "test accuracy" in proc.stdout and "simulated" in proc.stdout
     assert str(tmp_path / "r") in proc.stdout and proc.stderr == ""
+
+
+def test_topology_command_prints_and_draws(tmp_path):
+    png = tmp_path / "torus.png"
+    proc = fastsgd("topology", "torus", "--workers", "16", "--png", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert "spectral gap" in proc.stdout and png.stat().st_size > 1000
+    assert proc.stdout.count(":") >= 16  # one line per worker
+
+
+def test_topology_command_bad_shape():
+    proc = fastsgd("topology", "torus", "--workers", "7")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -162,6 +162,8 @@ class _Loop:
         if not math.isfinite(value):
             raise UserError(f"loss is {value} at step {k} on worker {self.rank}: "
                             "training diverged (lower optimizer.lr?)")
+        if k == self.steps - 2:
+            self.penultimate = t7
         self.sent += t.bytes_sent - sent
         self.received += t.bytes_received - received
         if (k + 1) % self.log_every == 0 or k + 1 == self.steps:
@@ -202,7 +204,11 @@ class _Loop:
         if self.evaluated[0] != self.steps:
             self.evaluate(self.steps)
         model = self.evaluated[1]
-        totals = torch.tensor([self.sent, self.received], dtype=torch.float64)
+        # each worker's own rate up to its last step (where asynchronous strategies drain,
+        # waiting for the slowest): fast workers get more done
+        steps, seconds = (self.steps - 1, self.penultimate) if self.steps > 1 else (1, end)
+        rate = steps * self.plan.config["data"]["batch_size"] / seconds if seconds > 0 else 0.0
+        totals = torch.tensor([self.sent, self.received, rate], dtype=torch.float64)
         self.t.all_reduce(totals)
         if self.rank != 0:
             return None
@@ -214,7 +220,6 @@ class _Loop:
     def summary(self, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
         cfg = self.plan.config
         assert self.last_eval is not None
-        samples = self.steps * self.world * cfg["data"]["batch_size"]
         return {
             "strategy": cfg["strategy"]["name"], "compressor": cfg["compression"]["name"],
             "topology": cfg["strategy"].get("topology", "complete"),
@@ -224,7 +229,7 @@ class _Loop:
             "final_accuracy": self.last_eval[1], "final_loss": self.last_eval[2],
             "target_accuracy": self.target or None, "time_to_target": self.time_to_target,
             "wall_time": wall_time, "simulated_time": end if self.plan.simulated else None,
-            "samples_per_second": samples / end if end > 0 else None,
+            "samples_per_second": totals[2],
             "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
             "consensus_distance": self.last_eval[3], "representative": cfg["run"]["representative"],
             "mode": "simulated" if self.plan.simulated else "real",

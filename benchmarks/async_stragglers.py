@@ -1,0 +1,50 @@
+"""Real asynchrony: with one of 4 worker processes slowed 3x, asynchronous strategies keep
+the others busy while synchronous all-reduce waits for the straggler every step.
+
+    python benchmarks/async_stragglers.py [--steps 150] [--model lenet] [--data fashion_mnist]
+
+Each strategy trains on 4 real gloo processes (this machine), worker 3 with
+`run.slowdown = [1, 1, 1, 3]`. Samples per second is the sum over workers of each one's own
+rate (its samples over the time it took), as summary.json reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+import fastsgd as fs
+
+STRATEGIES = [
+    ("allreduce", {}),
+    ("ps", {"optimizer.lr": 0.02}),
+    ("adpsgd", {}),
+    ("sgp", {}),
+]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--model", default="lenet")
+    p.add_argument("--data", default="fashion_mnist")
+    p.add_argument("--slowdown", type=float, default=3.0)
+    p.add_argument("--batch", type=int, default=32, help="per worker")
+    args = p.parse_args()
+    rates = {}
+    for name, extra in STRATEGIES:
+        with tempfile.TemporaryDirectory() as out:
+            options = {"run.steps": args.steps, "run.eval_every": 0, "run.out": out,
+                       "run.slowdown": [1, 1, 1, args.slowdown], "data.batch_size": args.batch,
+                       **extra}
+            job = fs.Job(model=args.model, data=args.data, strategy=name, options=options,
+                         quiet=True)
+            summary = job.run(workers=4).summary
+        rates[name] = summary["samples_per_second"]
+        print(f"{name:10s} {rates[name]:9.1f} samples/s  x{rates[name] / rates['allreduce']:.2f} "
+              f"of allreduce  (accuracy {summary['final_accuracy']:.2%} after {args.steps} "
+              "steps)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
