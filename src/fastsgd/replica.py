@@ -61,6 +61,7 @@ class Replica:
 
     def consensus_distance(self) -> float:
         """Mean over workers of the squared distance of their parameters to the average."""
+        self.transport.barrier()  # a consistent snapshot: nobody is still stepping
         with torch.no_grad():
             flat = torch.cat([p.detach().reshape(-1).double() for p in self.params])
             mean = flat.clone()

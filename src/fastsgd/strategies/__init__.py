@@ -8,15 +8,16 @@ from fastsgd.strategies.async_gossip import ADPSGD, SGP
 from fastsgd.strategies.averaging import BMUF, EASGD, LocalSGD
 from fastsgd.strategies.base import Context, Strategy
 from fastsgd.strategies.gossip import DPSGD
+from fastsgd.strategies.hogwild import Hogwild
 from fastsgd.strategies.ps import ParameterServer
 from fastsgd.strategies.ssp import StaleSynchronous
 
 STRATEGIES = Registry("strategy", "strategy", {
     cls.name: cls for cls in (AllReduce, StaleSynchronous, LocalSGD, EASGD, BMUF, DPSGD, ADPSGD,
-                              SGP, ParameterServer)})
+                              SGP, ParameterServer, Hogwild)})
 validate_options = STRATEGIES.validate
 build_strategy = STRATEGIES.build
 
 __all__ = ["ADPSGD", "BMUF", "DPSGD", "EASGD", "SGP", "STRATEGIES", "AllReduce", "Context",
-           "LocalSGD", "ParameterServer", "StaleSynchronous", "Strategy", "build_strategy",
-           "validate_options"]
+           "Hogwild", "LocalSGD", "ParameterServer", "StaleSynchronous", "Strategy",
+           "build_strategy", "validate_options"]

@@ -55,6 +55,10 @@ class Transport(Protocol):
 
     def barrier(self) -> None: ...
 
+    def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """Collective: one tensor in shared memory for all workers (one machine only)."""
+        ...
+
     def start_messages(self) -> None:
         """Collective: prepare for asynchronous messages (post/poll/wait_message)."""
         ...

@@ -106,6 +106,26 @@ class TorchTransport:
     def barrier(self) -> None:
         dist.barrier()
 
+    def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """Collective: a tensor in this machine's shared memory, the same for every worker,
+        starting as rank 0's `like` (for lock-free updates, Hogwild)."""
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        if local != self.world_size:
+            raise UserError(f"shared memory needs every worker on one machine: {local} of "
+                            f"{self.world_size} are on this one")
+        job = os.environ.get("MASTER_PORT", "0")
+        path = f"/dev/shm/fastsgd-{job}-{name}"
+        if self.rank == 0:
+            shared = torch.from_file(path, shared=True, size=like.numel(), dtype=like.dtype)
+            shared.copy_(like.reshape(-1))
+        self.barrier()
+        if self.rank != 0:
+            shared = torch.from_file(path, shared=True, size=like.numel(), dtype=like.dtype)
+        self.barrier()
+        if self.rank == 0:
+            os.unlink(path)  # the mappings stay valid; nothing is left behind
+        return shared
+
     def start_messages(self) -> None:
         """Collective: start the receiver thread that asynchronous messages need."""
         if self._messenger is None:

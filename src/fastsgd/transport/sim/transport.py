@@ -60,6 +60,7 @@ class SimFabric:
         self.jitter = random.Random(network.seed)
         self.handlers: dict[tuple[int, int], Callable[[int, torch.Tensor], None]] = {}
         self.handling_at: float | None = None  # set while a handler runs (scheduler thread)
+        self.shared: dict[str, torch.Tensor] = {}
 
     def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: float,
                combine: Combine) -> _Collective:
@@ -193,6 +194,13 @@ class SimTransport:
             self.scheduler.block(self.rank)
         tensor.copy_(queue.popleft())
         self._count(0, nbytes(tensor))
+
+    def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """One tensor for all the simulated workers (they share one process)."""
+        self.barrier()
+        shared = self.fabric.shared.setdefault(name, like.detach().reshape(-1).clone())
+        self.barrier()
+        return shared
 
     def start_messages(self) -> None:
         """Nothing to start: the simulated network delivers mail by itself."""

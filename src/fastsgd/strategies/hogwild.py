@@ -1,0 +1,39 @@
+"""Hogwild! (Niu et al. 2011): several processes on one machine update one copy of the
+parameters in shared memory, without locks. Each worker's parameters become views of the
+shared vector, so its optimizer step writes straight into it (its optimizer state stays its
+own); sparse, rarely colliding updates make the races harmless in practice. Nothing crosses
+a network: the workers must share a machine (PyTorch's multiprocessing Hogwild example).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fastsgd.strategies.base import Context
+from fastsgd.strategies.params import flatten
+
+Params = list[torch.nn.Parameter]
+
+
+class Hogwild:
+    name = "hogwild"
+    OPTIONS: dict = {}
+
+    def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        shared = ctx.transport.shared_tensor("hogwild", flatten(params))
+        offset = 0
+        for p in params:
+            p.data = shared[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return {}
+
+    def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        ctx.stats["staleness"] = 0
+
+    def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
