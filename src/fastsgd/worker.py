@@ -116,6 +116,7 @@ class _Loop:
         self.last_eval: tuple[int, float, float, float] | None = None  # rank 0 only
         self.evaluated: tuple[int, torch.nn.Module | None] = (0, None)  # step, representative
         self.slowdown = slowdown_of(plan.config, self.rank)
+        replica.ctx.score = lambda: self.score(self.model, own=True)
         self.progress = Progress(self.steps, enabled=plan.progress and self.rank == 0)
 
     def run(self) -> dict[str, Any] | None:
@@ -192,10 +193,13 @@ class _Loop:
         self.t.off_clock()
         return model
 
-    def score(self, model: torch.nn.Module) -> float:
-        """Loss on a fixed sample of the training data (for run.representative = best)."""
+    def score(self, model: torch.nn.Module, own: bool = False) -> float:
+        """Loss on a fixed sample of 1024 training examples: the same for every worker
+        (run.representative = best), or, with `own`, this worker's (tournaments)."""
         ds = self.plan.dataset
-        sample = (ds.train_x[:1024].to(self.t.device), ds.train_y[:1024].to(self.t.device))
+        start = (1024 * self.rank if own else 0) % len(ds.train_x)
+        x, y = ds.train_x[start:start + 1024], ds.train_y[start:start + 1024]
+        sample = (x.to(self.t.device), y.to(self.t.device))
         with torch.no_grad():
             return float(self.plan.step(model, sample))
 

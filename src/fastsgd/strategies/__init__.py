@@ -11,13 +11,14 @@ from fastsgd.strategies.gossip import DPSGD
 from fastsgd.strategies.hogwild import Hogwild
 from fastsgd.strategies.ps import ParameterServer
 from fastsgd.strategies.ssp import StaleSynchronous
+from fastsgd.strategies.tournament import Tournament
 
 STRATEGIES = Registry("strategy", "strategy", {
     cls.name: cls for cls in (AllReduce, StaleSynchronous, LocalSGD, EASGD, BMUF, DPSGD, ADPSGD,
-                              SGP, ParameterServer, Hogwild)})
+                              SGP, ParameterServer, Hogwild, Tournament)})
 validate_options = STRATEGIES.validate
 build_strategy = STRATEGIES.build
 
 __all__ = ["ADPSGD", "BMUF", "DPSGD", "EASGD", "SGP", "STRATEGIES", "AllReduce", "Context",
-           "Hogwild", "LocalSGD", "ParameterServer", "StaleSynchronous", "Strategy",
+           "Hogwild", "LocalSGD", "ParameterServer", "StaleSynchronous", "Strategy", "Tournament",
            "build_strategy", "validate_options"]

@@ -7,6 +7,7 @@ A strategy talks only to `ctx.transport` (real processes or the simulator alike)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +29,7 @@ class Context:
     step: int = 0
     total_steps: int | None = None
     stats: dict[str, float] = field(default_factory=dict)
+    score: Callable[[], float] | None = None  # loss of the current parameters on a sample
 
     @property
     def last_step(self) -> bool:

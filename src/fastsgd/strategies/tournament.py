@@ -1,0 +1,63 @@
+"""Tournament training, LTFB (Jacobs et al. 2017, "Towards scalable parallel training of
+deep neural networks", LBANN): workers train independently; every `period` steps they meet
+in pairs (a new random pairing each round, the same on every worker), swap models, and each
+keeps whichever scores better on its own sample of the data, by the user's own loss. On the
+wire: the whole parameter vector to the partner, once per round.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from fastsgd.options import Option, at_least
+from fastsgd.strategies.base import Context
+from fastsgd.strategies.params import assign, flatten
+
+Params = list[torch.nn.Parameter]
+
+
+class Tournament:
+    name = "ltfb"
+    OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds")}
+
+    def __init__(self, period: int = 50):
+        self.period = period
+
+    def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        return {"wins": torch.zeros(1, dtype=torch.int64)}
+
+    def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        return None
+
+    def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        if (ctx.step + 1) % self.period or ctx.score is None:
+            return
+        partner = pairing(ctx.transport.world_size, (ctx.step + 1) // self.period)
+        peer = partner.get(ctx.transport.rank)
+        if peer is None:
+            return
+        mine = flatten(params)
+        handle = ctx.transport.send(mine, peer)
+        theirs = torch.empty_like(mine)
+        ctx.transport.recv(theirs, peer)
+        handle.wait()
+        my_score = ctx.score()
+        assign(params, theirs)
+        if my_score <= ctx.score():  # ours wins (lower loss): put it back
+            assign(params, mine)
+            state["wins"] += 1
+
+    def close(self) -> None:
+        return None
+
+
+def pairing(world_size: int, round_: int) -> dict[int, int]:
+    """A random perfect matching for this round (one worker sits out when n is odd)."""
+    order = random.Random(round_).sample(range(world_size), world_size)
+    pairs = {}
+    for a, b in zip(order[0::2], order[1::2]):
+        pairs[a], pairs[b] = b, a
+    return pairs
