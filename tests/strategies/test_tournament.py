@@ -27,7 +27,7 @@ def test_each_keeps_the_model_with_the_lower_loss():
         strategy = Tournament(period=10)
         state = strategy.init([p], ctx)
         strategy.on_parameters([p], state, ctx)
-        return pairing(4, 1)[t.rank], float(p[0])
+        return pairing(4, 1)[t.rank], float(p[0].detach())
 
     for rank, (partner, kept) in enumerate(simulate(4, worker)):
         candidates = {rank, partner}
