@@ -19,7 +19,7 @@ RUNS = {
     "allreduce": {}, "ssp": {"strategy.staleness": 2, "optimizer.lr": 0.02},
     "localsgd": {"strategy.period": 8}, "easgd": {"strategy.period": 4, "strategy.alpha": 0.2},
     "bmuf": {"strategy.period": 8}, "dpsgd": {"strategy.topology": "torus"},
-    "adpsgd": {}, "sgp": {}, "ps": {"optimizer.lr": 0.0125},
+    "adpsgd": {}, "sgp": {}, "ps": {"optimizer.momentum": 0.0},  # see docs/strategies.md
     "hogwild": {"optimizer.lr": 0.0125},
     "ltfb": {"strategy.period": 100, "run.representative": "best"},  # the tournament winner
 }

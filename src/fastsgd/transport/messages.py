@@ -70,7 +70,7 @@ class Messenger:
         self.group = dist.new_group(backend="gloo")  # collective: every rank creates it
         self.mailbox = Mailbox()
         self._on_receive = on_receive
-        self._pending: list[dist.Work] = []
+        self._pending: list[tuple[dist.Work, torch.Tensor]] = []  # keep buffers until sent
         self._send_lock = threading.Lock()  # the training and receiver threads both send
         self.handlers: dict[int, Callable[[int, torch.Tensor], None]] = {}
         self._thread = threading.Thread(target=self._receive_loop, daemon=True,
@@ -84,10 +84,11 @@ class Messenger:
             self._dispatch(tag, dst, payload.clone())
             return
         with self._send_lock:
-            self._pending = [w for w in self._pending if not w.is_completed()]
-            self._pending.append(dist.isend(frames.header(payload, tag), dst, self.group,
-                                            tag=HEADER_TAG))
-            self._pending.append(dist.isend(payload, dst, self.group, tag=PAYLOAD_TAG))
+            self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
+            header = frames.header(payload, tag)
+            self._pending.append((dist.isend(header, dst, self.group, tag=HEADER_TAG), header))
+            self._pending.append((dist.isend(payload, dst, self.group, tag=PAYLOAD_TAG),
+                                  payload))
 
     def _dispatch(self, tag: int, src: int, payload: torch.Tensor) -> None:
         handler = self.handlers.get(tag)
@@ -118,7 +119,7 @@ class Messenger:
             return
         with self._send_lock:
             pending = list(self._pending)
-        for work in pending:
+        for work, _ in pending:
             work.wait()
         dist.barrier(group=self.group)
         stop = torch.zeros(0)
