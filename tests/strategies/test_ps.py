@@ -1,6 +1,7 @@
 """Downpour parameter server: one worker with n_push = n_fetch = 1 is plain local SGD."""
 
 import pytest
+import torch
 
 from tests.conftest import max_abs_diff, reference_sgd
 from tests.strategies.helpers import params, sim_job
@@ -39,3 +40,58 @@ def test_one_real_worker_is_local_sgd(synthetic, tmp_path):
     job = sim_job(synthetic, tmp_path, {"name": "ps"}, batch=64)
     reference = reference_sgd(synthetic, batch_size=64, steps=50)
     assert max_abs_diff(params(job.run(1)), reference) < 1e-5
+
+
+def _conservation(t):
+    """Random optimizer steps; at the end the server holds the start plus every push."""
+    import torch
+
+    from fastsgd.compress import Identity
+    from fastsgd.strategies import Context
+    from fastsgd.strategies.ps import ParameterServer
+
+    p = torch.nn.Parameter(torch.zeros(1000, dtype=torch.float64))
+    strategy, ctx = ParameterServer(servers=2), Context(t, Identity(), total_steps=40)
+    state = strategy.init([p], ctx)
+    rng = torch.Generator().manual_seed(t.rank)
+    moved = torch.zeros_like(p)
+    for step in range(40):
+        ctx.step = step
+        change = torch.randn(1000, generator=rng, dtype=torch.float64)
+        with torch.no_grad():
+            p += change
+        moved += change
+        strategy.on_parameters([p], state, ctx)
+    t.all_reduce(moved)
+    t.barrier()
+    shard = state.get("shard")
+    return moved, shard, p.detach().clone()
+
+
+def _check_conservation(results):
+    moved = results[0][0]
+    server = torch.cat([results[0][1], results[1][1]])
+    assert torch.allclose(server, moved, atol=1e-9)  # started at zero
+
+
+def test_the_servers_hold_every_push_simulated():
+    from fastsgd.transport.sim import Network, simulate
+
+    net = Network.parse("1Gbit", "1ms", jitter="3ms")
+    _check_conservation(simulate(4, _conservation, net, {0: 1.0, 1: 2.0, 2: 1.0, 3: 5.0}))
+
+
+@pytest.mark.multiproc
+def test_the_servers_hold_every_push_on_real_processes(tmp_path):
+    from fastsgd.launch import launch
+    from fastsgd.transport.torch_dist import TorchTransport
+
+    def body():
+        t = TorchTransport("gloo", timeout=60)
+        try:
+            torch.save(_conservation(t), tmp_path / f"{t.rank}.pt")
+        finally:
+            t.close()
+
+    launch(body, 4)
+    _check_conservation([torch.load(tmp_path / f"{r}.pt") for r in range(4)])
