@@ -19,7 +19,8 @@ RUNS = {
     "allreduce": {}, "ssp": {"strategy.staleness": 2, "optimizer.lr": 0.02},
     "localsgd": {"strategy.period": 8}, "easgd": {"strategy.period": 4, "strategy.alpha": 0.2},
     "bmuf": {"strategy.period": 8}, "dpsgd": {"strategy.topology": "torus"},
-    "adpsgd": {}, "sgp": {}, "ps": {"optimizer.momentum": 0.0},  # see docs/strategies.md
+    "adpsgd": {}, "sgp": {},
+    "ps": {"strategy.staleness_lr": True},  # Zhang 2016: pushes scaled by 1/staleness
     "hogwild": {"optimizer.lr": 0.0125},
     "ltfb": {"strategy.period": 100, "run.representative": "best"},  # the tournament winner
 }
