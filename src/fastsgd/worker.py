@@ -76,9 +76,10 @@ class Plan:
         run = self.config["run"]
         if run["steps"]:
             return run["steps"]
-        return max(1, math.ceil(run["epochs"] * self._shard(0, world_size).steps_per_epoch))
+        return max(1, math.ceil(run["epochs"] * self.shard(0, world_size).steps_per_epoch))
 
-    def _shard(self, rank: int, world_size: int) -> Shard:
+    def shard(self, rank: int, world_size: int) -> Shard:
+        """Worker `rank`'s slice of every global batch."""
         ds = self.dataset
         return Shard(ds.train_x, ds.train_y, self.config["data"]["batch_size"], rank,
                      world_size, self.config["run"]["seed"])
@@ -104,7 +105,7 @@ class _Loop:
         self.model = replica.model
         self.t = replica.transport
         self.rank, self.world = self.t.rank, self.t.world_size
-        self.shard = plan._shard(self.rank, self.world)
+        self.shard = plan.shard(self.rank, self.world)
         self.steps = plan.total_steps(self.world)
         run = plan.config["run"]
         self.eval_every, self.target = run["eval_every"], run["target_accuracy"]
