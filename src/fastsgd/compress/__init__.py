@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from fastsgd.compress.base import Compressor, Identity, Payload
+from fastsgd.compress.base import Codec, Compressor, Identity, Payload
+from fastsgd.compress.powersgd import PowerSGD
+from fastsgd.compress.quantize import BF16, FP16, QSGD, OneBit, Sign
+from fastsgd.compress.sparse import DGC, RandomK, TopK
 from fastsgd.options import Registry
 
-CODECS = Registry("compression", "codec", {"none": Identity})
+CODECS = Registry("compression", "codec", {
+    cls.name: cls for cls in (Identity, FP16, BF16, OneBit, Sign, QSGD, TopK, RandomK, DGC,
+                              PowerSGD)})
 validate_options = CODECS.validate
 build_compressor = CODECS.build
 
-__all__ = ["CODECS", "Compressor", "Identity", "Payload", "build_compressor", "validate_options"]
+__all__ = ["CODECS", "Codec", "Compressor", "Identity", "Payload", "build_compressor",
+           "validate_options"]

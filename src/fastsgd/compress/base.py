@@ -1,6 +1,14 @@
 """The Compressor protocol: a codec between a tensor and the payload that crosses the wire.
 
-State is explicit (error-feedback residuals, counters) so that it checkpoints as tensors.
+A codec is stateless; what it remembers between messages (error-feedback residuals,
+momentum, step counters) is a `state` dict of tensors that the strategy keeps with its own
+state, so it checkpoints as tensors. A codec's `kind` says how its payloads meet in a
+collective (see collectives.py):
+
+- `exact`: decode(encode(x)) == x, payloads are summed in flight (plain all-reduce);
+- `quantize`: fixed-size payloads, compressed reduce-scatter then compressed all-gather;
+- `sparse`: indices and values, which cannot be summed: gathered, then decoded and added;
+- `lowrank`: PowerSGD, which all-reduces its own factors (`all_reduce`).
 """
 
 from __future__ import annotations
@@ -16,13 +24,19 @@ Payload = dict[str, torch.Tensor]
 
 class Compressor(Protocol):
     name: str
+    kind: str
+    FIELDS: list[str]  # the payload's tensors, in wire order
 
     def init(self, like: torch.Tensor) -> dict[str, Any]:
-        """The codec state for messages shaped like `like`."""
+        """The state of a message stream of tensors shaped like `like`."""
         ...
 
     def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
-        """The payload to send for `tensor` (may update `state`, e.g. the residual)."""
+        """The payload to send for `tensor`, with error feedback (updates `state`)."""
+        ...
+
+    def compress(self, tensor: torch.Tensor) -> Payload:
+        """The payload for `tensor` alone: no memory of earlier messages."""
         ...
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor: ...
@@ -30,21 +44,54 @@ class Compressor(Protocol):
     def nbytes(self, payload: Payload) -> int: ...
 
 
-class Identity:
+def payload_bytes(payload: Payload) -> int:
+    return sum(t.numel() * t.element_size() for t in payload.values())
+
+
+class Codec:
+    """Shared behaviour: `encode` is `compress` plus, when `error_feedback` is on, the residual
+    of what earlier messages failed to carry (Seide et al. 2014; Karimireddy et al. 2019):
+    what is sent plus the new residual equals what was to be sent plus the old residual."""
+
+    name = "codec"
+    kind = "quantize"
+    FIELDS: list[str] = []
+    OPTIONS: dict[str, Option] = {}
+    error_feedback = False
+
+    def init(self, like: torch.Tensor) -> dict[str, Any]:
+        if not self.error_feedback:
+            return {}
+        return {"residual": torch.zeros(like.numel(), dtype=like.dtype, device=like.device)}
+
+    def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
+        flat = tensor.detach().reshape(-1)
+        if not self.error_feedback:
+            return self.compress(flat)
+        target = flat + state["residual"]
+        payload = self.compress(target)
+        state["residual"] = target - self.decode(payload, target)
+        return payload
+
+    def compress(self, tensor: torch.Tensor) -> Payload:
+        raise NotImplementedError
+
+    def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def nbytes(self, payload: Payload) -> int:
+        return payload_bytes(payload)
+
+
+class Identity(Codec):
     """No compression: the payload is the tensor itself."""
 
     name = "none"
-    OPTIONS: dict[str, Option] = {}
-    exact = True  # decode(encode(x)) == x, so payloads can be summed in flight
+    kind = "exact"
+    FIELDS = ["values"]
 
-    def init(self, like: torch.Tensor) -> dict[str, Any]:
-        return {}
-
-    def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
-        return {"values": tensor}
+    def compress(self, tensor: torch.Tensor) -> Payload:
+        return {"values": tensor.reshape(-1)}
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         return payload["values"].view_as(like)
-
-    def nbytes(self, payload: Payload) -> int:
-        return sum(t.numel() * t.element_size() for t in payload.values())

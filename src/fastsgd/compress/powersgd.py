@@ -1,0 +1,69 @@
+"""PowerSGD (Vogels, Karimireddy & Jaggi 2019): rank-`rank` approximation of the gradient by
+one step of power iteration, warm-started from the previous step's factor, with error
+feedback. Two all-reduces per message (of P = M Q, then of Q = M^T P), so it is not a
+payload codec: it lives where an all-reduce is (`kind = "lowrank"`, see collectives.py).
+
+A flat tensor of n elements is viewed as a near-square matrix (padded with zeros), so one
+codec serves whole gradient buckets: (rows + cols) * rank floats cross the wire instead of n.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from fastsgd.compress.base import Codec, Payload
+from fastsgd.errors import UserError
+from fastsgd.options import Option, at_least
+from fastsgd.transport.base import Transport
+
+
+def shape_of(numel: int) -> tuple[int, int]:
+    rows = max(1, math.isqrt(numel - 1) + 1 if numel > 1 else 1)
+    return rows, -(-numel // rows)
+
+
+class PowerSGD(Codec):
+    name = "powersgd"
+    kind = "lowrank"
+    FIELDS = ["p", "q"]
+    OPTIONS = {"rank": Option(int, 4, at_least(1), "rank of the approximation"),
+               "seed": Option(int, 0, doc="seed of the first Q (the same on every worker)")}
+    error_feedback = True
+
+    def __init__(self, rank: int = 4, seed: int = 0):
+        self.rank, self.seed = rank, seed
+
+    def init(self, like: torch.Tensor) -> dict[str, Any]:
+        rows, cols = shape_of(like.numel())
+        generator = torch.Generator().manual_seed(self.seed)
+        q = torch.randn(cols, min(self.rank, rows, cols), generator=generator)
+        return {**super().init(like), "q": q.to(like.dtype)}
+
+    def all_reduce(self, tensor: torch.Tensor, state: dict[str, Any],
+                   transport: Transport) -> torch.Tensor:
+        """The mean over workers of the rank-r approximation of tensor + residual."""
+        flat = tensor.detach().reshape(-1) + state["residual"]
+        rows, cols = shape_of(flat.numel())
+        matrix = torch.zeros(rows * cols, dtype=flat.dtype, device=flat.device)
+        matrix[:flat.numel()] = flat
+        matrix = matrix.view(rows, cols)
+        p = matrix @ state["q"]
+        transport.all_reduce(p)
+        p = torch.linalg.qr(p).Q  # orthonormal columns; the scale of the mean does not matter
+        q = matrix.T @ p
+        transport.all_reduce(q)
+        q /= transport.world_size
+        state["q"] = q
+        approximation = (p @ q.T).reshape(-1)[:flat.numel()]
+        state["residual"] = flat - approximation  # as torch's powerSGD_hook: vs the mean's
+        return approximation.view_as(tensor)
+
+    def compress(self, tensor: torch.Tensor) -> Payload:
+        raise UserError("compression.name = 'powersgd' needs an all-reduce of its factors; "
+                        "this strategy sends point-to-point messages: choose another codec")
+
+    def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
+        return (payload["p"] @ payload["q"].T).reshape(-1)[:like.numel()].view_as(like)

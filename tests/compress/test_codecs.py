@@ -1,0 +1,171 @@
+"""Codecs alone: payload sizes, error feedback, unbiasedness, encode/decode error bounds."""
+
+import pytest
+import torch
+
+from fastsgd.compress import CODECS, build_compressor
+from fastsgd.compress.bits import pack_bits, unpack_bits
+from fastsgd.compress.wire import pack, unpack
+from fastsgd.errors import UserError
+
+MODEL = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+NUMEL = sum(p.numel() for p in MODEL.parameters())  # 101,770 parameters
+FP32 = 4 * NUMEL
+PAYLOAD_CODECS = [name for name in CODECS if name != "powersgd"]
+
+
+def gradient(seed: int = 0, numel: int = NUMEL) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+
+
+def encoded_bytes(name: str, **options) -> int:
+    codec = build_compressor({"name": name, **options})
+    x = gradient()
+    return codec.nbytes(codec.encode(x, codec.init(x)))
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 8])
+def test_bit_packing_round_trips_and_costs_width_bits_per_value(width):
+    values = torch.randint(0, 2**width, (1001,))
+    packed = pack_bits(values, width)
+    assert packed.dtype == torch.uint8 and packed.numel() == width * 126
+    assert torch.equal(unpack_bits(packed, 1001, width), values)
+
+
+@pytest.mark.parametrize("name, limit", [("onebit", 1 / 30), ("sign", 1 / 30)])
+def test_one_bit_payloads_are_a_thirtieth_of_fp32(name, limit):
+    assert encoded_bytes(name) <= limit * FP32
+
+
+def test_sparse_payloads_at_their_ratio():
+    assert encoded_bytes("topk", ratio=0.01) <= FP32 / 40
+    assert encoded_bytes("randomk", ratio=0.01) <= FP32 / 40
+    assert encoded_bytes("dgc", ratio=0.001) <= FP32 / 300
+
+
+def test_half_precision_payloads_are_exactly_half():
+    assert encoded_bytes("fp16") == FP32 // 2
+    assert encoded_bytes("bf16") == FP32 // 2
+
+
+def test_qsgd_payload_has_log2_of_its_levels_bits_per_element():
+    norms = 4 * -(-NUMEL // 512)
+    assert encoded_bytes("qsgd", levels=1) == 2 * -(-NUMEL // 8) + norms  # {-1, 0, 1}: 2 bits
+    assert encoded_bytes("qsgd", levels=127) == 8 * -(-NUMEL // 8) + norms
+
+
+@pytest.mark.parametrize("name", ["onebit", "sign", "topk", "randomk", "dgc"])
+def test_error_feedback_loses_nothing(name):
+    """Sum of what was sent plus what is left equals the sum of what was to be sent."""
+    codec = build_compressor({"name": name, **({"momentum": 0.0} if name == "dgc" else {})})
+    state = codec.init(gradient())
+    sent, to_send = torch.zeros(NUMEL), torch.zeros(NUMEL)
+    for step in range(20):
+        x = gradient(step)
+        to_send += x
+        sent += codec.decode(codec.encode(x, state), x)
+    left = state["accumulated"] if name == "dgc" else state["residual"]
+    assert torch.allclose(sent + left, to_send, atol=1e-4)
+    assert sent.abs().sum() > 0
+
+
+def test_dgc_momentum_correction_sends_the_accumulated_velocity():
+    codec = build_compressor({"name": "dgc", "ratio": 1.0, "momentum": 0.5})
+    state = codec.init(gradient())
+    g = gradient()
+    first = codec.decode(codec.encode(g, state), g)
+    second = codec.decode(codec.encode(g, state), g)
+    assert torch.allclose(first, g) and torch.allclose(second, g)  # masking restarts velocity
+    codec = build_compressor({"name": "dgc", "ratio": 0.5, "momentum": 0.5})
+    state = codec.init(g)
+    codec.encode(g, state)
+    unsent = state["accumulated"] != 0
+    assert torch.allclose(state["velocity"][unsent], g[unsent])  # unsent keep momentum
+    assert torch.all(state["velocity"][~unsent] == 0)
+
+
+def test_dgc_warm_up_sends_fewer_elements_every_step():
+    codec = build_compressor({"name": "dgc", "ratio": 0.001, "warmup_steps": 10})
+    state = codec.init(gradient())
+    sizes = [codec.encode(gradient(s), state)["values"].numel() for s in range(12)]
+    assert sizes[0] == -(-NUMEL // 4)
+    assert all(a > b for a, b in zip(sizes[:10], sizes[1:11]))
+    assert sizes[10] == sizes[11] == -(-NUMEL // 1000)
+
+
+def test_dgc_clips_the_local_gradient():
+    codec = build_compressor({"name": "dgc", "ratio": 1.0, "momentum": 0.0, "clip": 1.0})
+    x = gradient()
+    assert torch.isclose(codec.decode(codec.encode(x, codec.init(x)), x).norm(),
+                         torch.tensor(1.0))
+
+
+def test_qsgd_is_unbiased():
+    torch.manual_seed(0)
+    codec = build_compressor({"name": "qsgd", "levels": 2})
+    x = gradient(numel=1000)
+    trials = 4000
+    mean = sum(codec.decode(codec.compress(x), x) for _ in range(trials)) / trials
+    # each element's estimate has variance <= (bucket norm / levels)^2 / 4: 6 sigma
+    sigma = codec._buckets(x).norm(dim=1).max() / codec.levels / 2 / trials**0.5
+    assert (mean - x).abs().max() < 6 * sigma
+    assert (mean - x).abs().max() > 0
+
+
+def test_none_is_exact():
+    codec = build_compressor({"name": "none"})
+    x = gradient()
+    assert torch.equal(codec.decode(codec.encode(x, codec.init(x)), x), x)
+
+
+@pytest.mark.parametrize("name, bound", [
+    ("fp16", lambda x: 1e-3 * x.abs()), ("bf16", lambda x: 8e-3 * x.abs()),
+    ("qsgd", lambda x: bucket_norms(x) / 15), ("sign", lambda x: x.abs() + x.abs().mean()),
+    ("onebit", lambda x: x.abs() + x.abs().max()),
+    ("topk", lambda x: x.abs()), ("randomk", lambda x: x.abs()), ("dgc", lambda x: x.abs()),
+])
+def test_lossy_codecs_have_bounded_error(name, bound):
+    codec = build_compressor({"name": name})
+    x = gradient()
+    error = (codec.decode(codec.compress(x), x) - x).abs()
+    assert torch.all(error <= bound(x) + 1e-6)
+
+
+def bucket_norms(x: torch.Tensor) -> torch.Tensor:
+    """Each element's QSGD bucket norm: its error is at most that over `levels`."""
+    rows = build_compressor({"name": "qsgd"})._buckets(x)
+    return rows.norm(dim=1).repeat_interleave(rows.shape[1])[:x.numel()]
+
+
+def test_topk_keeps_the_largest():
+    codec = build_compressor({"name": "topk", "ratio": 0.01})
+    x = gradient()
+    kept = codec.decode(codec.compress(x), x)
+    assert kept.ne(0).sum() == -(-NUMEL // 100)
+    assert kept.abs().max() == x.abs().max()
+    assert x.abs()[kept == 0].max() <= kept.abs()[kept != 0].min()
+
+
+@pytest.mark.parametrize("name", PAYLOAD_CODECS)
+def test_payloads_cross_the_wire_as_bytes(name):
+    codec = build_compressor({"name": name})
+    x = gradient()
+    payload = codec.compress(x)
+    buffer = pack(payload)
+    assert buffer.dtype == torch.uint8
+    assert buffer.numel() == codec.nbytes(payload) + 8 * (1 + 2 * len(payload))
+    back = unpack(buffer, codec.FIELDS)
+    assert torch.equal(codec.decode(back, x), codec.decode(payload, x))
+
+
+def test_a_malformed_payload_names_its_sender():
+    codec = build_compressor({"name": "topk"})
+    buffer = pack(codec.compress(gradient()))
+    with pytest.raises(UserError, match="worker 3"):
+        unpack(buffer[:-5], codec.FIELDS, 3)
+
+
+def test_powersgd_refuses_point_to_point_messages():
+    codec = build_compressor({"name": "powersgd"})
+    with pytest.raises(UserError, match="powersgd"):
+        codec.compress(gradient())

@@ -1,0 +1,92 @@
+"""Compressed all-reduce among 4 simulated workers: network bytes per worker, and results."""
+
+import pytest
+import torch
+
+from fastsgd.compress import build_compressor
+from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
+from fastsgd.transport.base import ring_allreduce_bytes
+from fastsgd.transport.sim import simulate
+from tests.compress.test_codecs import FP32, NUMEL, gradient
+
+WORKERS = 4
+
+
+def reduce_on_sim(name: str, steps: int = 1, with_states: bool = False, **options):
+    """Each worker all-reduces its own gradient `steps` times; (results, bytes sent) per
+    worker, and with `with_states` the codec state each worker ends with."""
+    codec = build_compressor({"name": name, **options})
+
+    def worker(t):
+        state = init_all_reduce(codec, gradient(), WORKERS)
+        results = [all_reduce_mean(gradient(100 * step + t.rank), codec, state, t)
+                   for step in range(steps)]
+        worker.states.append((t.rank, state))
+        return torch.stack(results), t.bytes_sent / steps
+
+    worker.states = []
+    if with_states:
+        return simulate(WORKERS, worker), dict(worker.states)
+
+    return simulate(WORKERS, worker)
+
+
+def true_mean(step: int = 0) -> torch.Tensor:
+    return sum(gradient(100 * step + r) for r in range(WORKERS)) / WORKERS
+
+
+@pytest.mark.parametrize("name, options, fraction", [
+    ("onebit", {}, 1 / 25), ("sign", {}, 1 / 25), ("topk", {"ratio": 0.01}, 1 / 20),
+    ("dgc", {"ratio": 0.001}, 1 / 200), ("fp16", {}, 1 / 2 + 1e-3), ("powersgd", {}, 1 / 25),
+])
+def test_network_bytes_per_step_shrink_by_the_codec_factor(name, options, fraction):
+    uncompressed = ring_allreduce_bytes(FP32, WORKERS)
+    for _, sent in reduce_on_sim(name, **options):
+        assert sent <= fraction * uncompressed
+
+
+def test_uncompressed_all_reduce_sends_the_ring_bytes():
+    for _, sent in reduce_on_sim("none"):
+        assert sent == ring_allreduce_bytes(FP32, WORKERS)
+
+
+@pytest.mark.parametrize("name", ["none", "fp16", "bf16", "onebit", "sign", "qsgd", "topk",
+                                  "randomk", "dgc", "powersgd"])
+def test_every_worker_gets_the_same_mean(name):
+    results = [r for r, _ in reduce_on_sim(name, steps=3)]
+    for other in results[1:]:
+        assert torch.equal(other, results[0])
+
+
+@pytest.mark.parametrize("name, options, tolerance", [
+    ("none", {}, 1e-6), ("fp16", {}, 2e-3), ("topk", {"ratio": 1.0}, 1e-6),
+    ("randomk", {"ratio": 1.0}, 1e-6), ("qsgd", {"levels": 127}, 0.2),
+])
+def test_the_mean_is_exact_or_close(name, options, tolerance):
+    result, _ = reduce_on_sim(name, **options)[0]
+    error = (result[0] - true_mean()).norm() / true_mean().norm()
+    assert error < tolerance
+
+
+@pytest.mark.parametrize("name", ["onebit", "sign", "qsgd", "topk", "dgc", "powersgd"])
+def test_error_feedback_in_the_collective_loses_nothing(name):
+    """n * (sum of the means every worker got) + what every worker still holds back equals
+    the sum of every gradient: at the scatter stage each worker keeps a residual per chunk;
+    at the gather stage each chunk's owner keeps one for the chunk's mean (hence n times)."""
+    steps, options = 10, {"momentum": 0.0} if name == "dgc" else {}
+    if name == "qsgd":
+        options["error_feedback"] = True
+    runs, states = reduce_on_sim(name, steps=steps, with_states=True, **options)
+    held = torch.zeros(NUMEL)
+    for rank, state in states.items():
+        if "scatter" in state:
+            chunk = state["gather"]["residual"].numel()
+            held += torch.cat([s["residual"] for s in state["scatter"]])[:NUMEL]
+            owned = torch.zeros(chunk * WORKERS)
+            owned[rank * chunk:(rank + 1) * chunk] = WORKERS * state["gather"]["residual"]
+            held += owned[:NUMEL]
+        else:
+            held += state["accumulated"] if name == "dgc" else state["residual"]
+    sent = WORKERS * runs[0][0].sum(0)
+    truth = WORKERS * sum(true_mean(s) for s in range(steps))
+    assert torch.allclose(sent + held, truth, atol=1e-3)
