@@ -8,10 +8,19 @@ with `poll` (never blocks) or `wait` (blocks for one). Sends are non-blocking. A
 instead have a handler (`serve`), which the receiver thread runs for each message as it
 arrives: a parameter server's shard answers pushes and fetches while its rank trains.
 A message to oneself is handed over directly, without the network.
+
+The receiver thread shares the interpreter lock with the training thread. Each frame hands
+the lock over a few times (the receiver wakes, files the frame, blocks again); with Python's
+default switch interval (5 ms) a waiting thread may sit idle that long before the lock is
+handed over, which on real processes cost the asynchronous strategies about a third of their
+throughput (docs/strategies.md, "Stragglers"). So the receiver talks to the process group
+directly (no per-call wrapper code under the lock), reuses its header buffer, and
+`start_messages` lowers the switch interval to `SWITCH_INTERVAL`.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -22,6 +31,7 @@ import torch.distributed as dist
 from fastsgd.transport import frames
 
 HEADER_TAG, PAYLOAD_TAG = 101, 102
+SWITCH_INTERVAL = 0.0005  # s: how long a thread waits for the interpreter lock before asking
 
 
 class Mailbox:
@@ -68,6 +78,7 @@ class Messenger:
     def __init__(self, rank: int, world_size: int, on_receive):
         self.rank, self.world_size = rank, world_size
         self.group = dist.new_group(backend="gloo")  # collective: every rank creates it
+        # group ranks are the global ranks (the group holds every rank, in order)
         self.mailbox = Mailbox()
         self._on_receive = on_receive
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []  # keep buffers until sent
@@ -76,6 +87,7 @@ class Messenger:
         self._thread = threading.Thread(target=self._receive_loop, daemon=True,
                                         name=f"fastsgd-receiver-{rank}")
         if world_size > 1:  # alone, a process only ever messages itself
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
             self._thread.start()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
@@ -86,9 +98,8 @@ class Messenger:
         with self._send_lock:
             self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
             header = frames.header(payload, tag)
-            self._pending.append((dist.isend(header, dst, self.group, tag=HEADER_TAG), header))
-            self._pending.append((dist.isend(payload, dst, self.group, tag=PAYLOAD_TAG),
-                                  payload))
+            self._pending.append((self.group.send([header], dst, HEADER_TAG), header))
+            self._pending.append((self.group.send([payload], dst, PAYLOAD_TAG), payload))
 
     def _dispatch(self, tag: int, src: int, payload: torch.Tensor) -> None:
         handler = self.handlers.get(tag)
@@ -98,15 +109,17 @@ class Messenger:
             handler(src, payload)
 
     def _receive_loop(self) -> None:
+        words = torch.empty(frames.HEADER_WORDS, dtype=torch.int64)  # parsed before reuse
         while True:
-            words = torch.empty(frames.HEADER_WORDS, dtype=torch.int64)
             try:
-                src = dist.recv(words, group=self.group, tag=HEADER_TAG)
+                work = self.group.recv_anysource([words], HEADER_TAG)
+                work.wait()
+                src = work._source_rank()
                 tag, numel, dtype = frames.parse(words, src)
                 if tag == frames.STOP_TAG:
                     return
                 payload = torch.empty(numel, dtype=dtype)
-                dist.recv(payload, src, self.group, tag=PAYLOAD_TAG)
+                self.group.recv([payload], src, PAYLOAD_TAG).wait()
                 self._on_receive(frames.frame_bytes(payload))
                 self._dispatch(tag, src, payload)
             except BaseException as e:  # noqa: BLE001 - handed to the training thread
