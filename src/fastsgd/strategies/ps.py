@@ -6,7 +6,10 @@ thread of a real process; at arrival time in the simulator). Each worker trains 
 copy with its own optimizer (its state stays with the worker) and, every `n_push` steps,
 pushes the change its optimizer made since the last push; every `n_fetch` steps it asks for
 the servers' parameters and, when they come, takes them, keeping the progress it made since
-it asked. Nobody waits for anyone, except for the final fetch. With `staleness_lr`, a server
+it asked. A worker asks a server again only once its last request is answered (at the
+last step it always asks): requests piling up faster than a busy server answers would make
+every answer older, and each one costs the worker a pass over the snapshots still out.
+Nobody waits for anyone, except for the final fetch. With `staleness_lr`, a server
 scales a push by 1/staleness, the number of pushes it applied since the pusher last fetched
 (Zhang et al. 2016). On the wire: parameter deltas up, parameters down.
 """
@@ -94,6 +97,8 @@ class ParameterServer:
             self._pushed = local
         if step % self.n_fetch == 0 or last:
             for k, part in enumerate(self._slices):
+                if self._asked[k] and not last:
+                    continue  # the last request is still unanswered: no pile-up
                 self._asked[k].append(self._pushed[part].clone())
                 t.post(torch.zeros(1), k, FETCH)
         if last:
