@@ -37,6 +37,22 @@ def fastsgd(*args, cwd=None):
     (["simulate", "--set", "strategy.name=ps", "--set", "strategy.servers=9"],
      "strategy.servers"),
     (["simulate", "--set", "run.slowdown=[1, 0.5]"], "run.slowdown"),
+    (["run", "--set", "compression.name=zip"], "unknown codec 'zip' (compression.name)"),
+    (["run", "--set", "compression.name=topk", "--set", "compression.ratio=0"],
+     "compression.ratio must be in (0, 1]"),
+    (["run", "--set", "compression.name=randomk", "--set", "compression.ratio=1.5"],
+     "compression.ratio must be in (0, 1]"),
+    (["run", "--set", "compression.name=qsgd", "--set", "compression.levels=0"],
+     "compression.levels must be >= 1"),
+    (["run", "--set", "compression.name=powersgd", "--set", "compression.rank=0"],
+     "compression.rank must be >= 1"),
+    (["run", "--set", "compression.name=fp16", "--set", "compression.ratio=0.1"],
+     "unknown config key 'compression.ratio'"),
+    (["simulate", "--set", "strategy.name=sgp", "--set", "compression.name=topk",
+      "--set", "data.name=synthetic"], "compression.name = 'topk'"),
+    (["simulate", "--set", "strategy.name=dpsgd", "--set", "strategy.topology=onepeer",
+      "--set", "compression.name=topk", "--set", "data.name=synthetic"],
+     "strategy.topology = 'onepeer'"),
 ])
 def test_bad_input_is_one_line(args, culprit):
     proc = fastsgd(*args)

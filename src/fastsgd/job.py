@@ -19,6 +19,7 @@ from fastsgd.launch import launch
 from fastsgd.metrics import read_jsonl
 from fastsgd.models import build_model
 from fastsgd.strategies import Strategy, build_strategy
+from fastsgd.strategies.base import check_codec
 from fastsgd.transport.sim import Network, simulate
 from fastsgd.transport.torch_dist import TorchTransport
 from fastsgd.worker import EvalFn, Plan, StepFn, cross_entropy_step, evaluate_classifier, train
@@ -123,11 +124,13 @@ class Job:
             for stale in ("metrics.jsonl", "eval.jsonl", "summary.json"):
                 (run_dir / stale).unlink(missing_ok=True)
         config = cfg.merged(config, run={"out": str(run_dir)})
+        strategy, codec = self._strategy_object(config), self._codec(config)
+        check_codec(strategy, codec, config["run"]["workers"])
         return Plan(config=config, run_dir=run_dir, dataset=dataset,
                     make_model=self._model_factory(config, dataset),
                     make_optimizer=self._optimizer or optimizer_from_config(config["optimizer"]),
                     step=self._step, evaluate=self._evaluate,
-                    strategy=self._strategy_object(config), compressor=self._codec(config),
+                    strategy=strategy, compressor=codec,
                     simulated=simulated, progress=not self.quiet)
 
     def _dataset(self, config: dict) -> Dataset:

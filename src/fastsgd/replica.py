@@ -20,6 +20,7 @@ import torch
 
 from fastsgd.compress import Compressor, Identity, build_compressor
 from fastsgd.strategies import Context, Strategy, build_strategy
+from fastsgd.strategies.base import check_codec
 from fastsgd.transport.base import Transport
 
 
@@ -37,6 +38,7 @@ class Replica:
         self.params = list(model.parameters())
         self.strategy = strategy
         self.ctx = Context(transport, compressor or Identity(), total_steps=total_steps)
+        check_codec(strategy, self.ctx.compressor, transport.world_size)
         self.broadcast_from(0)
         self.state: dict[str, Any] = strategy.init(self.params, self.ctx)
 
@@ -58,6 +60,16 @@ class Replica:
         """After the optimizer step; ends the iteration."""
         self.strategy.on_parameters(self.params, self.state, self.ctx)
         self.ctx.step += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this replica must keep to resume: the step and the strategy's state, which
+        holds the codec's (residuals, momentum, counters), all plain tensors and numbers.
+        Model and optimizer state are the user's, saved beside it."""
+        return {"step": self.ctx.step, "strategy": self.state}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.ctx.step = int(saved["step"])
+        self.state = saved["strategy"]
 
     def consensus_distance(self) -> float:
         """Mean over workers of the squared distance of their parameters to the average."""

@@ -30,8 +30,9 @@ def test_ps_trains_with_stragglers_and_jitter(strategy, synthetic, tmp_path):
 
 @pytest.mark.multiproc
 def test_ps_on_real_processes(synthetic, tmp_path):
-    result = sim_job(synthetic, tmp_path, {"name": "ps", "servers": 2}, steps=100,
-                     **{"optimizer.lr": 0.02}).run(4)
+    # asynchrony on real processes depends on the machine's load: staleness-aware rate
+    result = sim_job(synthetic, tmp_path, {"name": "ps", "servers": 2, "staleness_lr": True},
+                     steps=150, **{"optimizer.lr": 0.02}).run(4)
     assert result.accuracy > 0.5
 
 

@@ -43,7 +43,7 @@ def all_reduce_mean(tensor: torch.Tensor, codec: Compressor, state: dict[str, An
         return codec.all_reduce(tensor, state, transport)  # type: ignore[attr-defined]
     if codec.kind == "sparse":
         buffers = transport.all_gather(pack(codec.encode(tensor, state)))
-        return sum(_decode(codec, b, tensor, src) for src, b in enumerate(buffers)) / n
+        return sum(decode_buffer(codec, b, tensor, src) for src, b in enumerate(buffers)) / n
     return _scatter_gather(tensor, codec, state, transport)
 
 
@@ -57,11 +57,11 @@ def _scatter_gather(tensor: torch.Tensor, codec: Compressor, state: dict[str, An
     for src in (j for j in range(n) if j != me):
         received = torch.empty_like(buffers[src])  # chunk payloads all have the same size
         t.recv(received, src)
-        reduced += _decode(codec, received, chunks[me], src)
+        reduced += decode_buffer(codec, received, chunks[me], src)
     for handle in handles:
         handle.wait()
     gathered = t.all_gather(pack(codec.encode(reduced / n, state["gather"])))
-    out = torch.cat([_decode(codec, b, chunks[me], src) for src, b in enumerate(gathered)])
+    out = torch.cat([decode_buffer(codec, b, chunks[me], src) for src, b in enumerate(gathered)])
     return out[:tensor.numel()].view_as(tensor)
 
 
@@ -72,6 +72,7 @@ def _chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
     return list(padded.view(n, size))
 
 
-def _decode(codec: Compressor, buffer: torch.Tensor, like: torch.Tensor,
-            src: int) -> torch.Tensor:
+def decode_buffer(codec: Compressor, buffer: torch.Tensor, like: torch.Tensor,
+                  src: int) -> torch.Tensor:
+    """The tensor a packed payload from worker `src` stands for."""
     return codec.decode(unpack(buffer, codec.FIELDS, src), like)

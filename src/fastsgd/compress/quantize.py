@@ -2,8 +2,11 @@
 
 - `fp16`, `bf16`: half-precision values (exactly half the bytes of fp32).
 - `onebit`: 1-bit SGD (Seide et al. 2014): one bit per element, its sign, decoded as the mean
-  of the non-negative or of the negative elements; error feedback carries the rest over.
-- `sign`: scaled sign, EF-signSGD (Karimireddy et al. 2019): sign bits times ||x||_1 / d.
+  of the non-negative or of the negative elements of its bucket (Seide keeps a pair per
+  matrix column; a bucket of `bucket` elements plays that role in a flat tensor); error
+  feedback carries the rest over.
+- `sign`: scaled sign, EF-signSGD (Karimireddy et al. 2019): sign bits times ||x||_1 / d,
+  d the size of the element's bucket.
 - `qsgd`: QSGD (Alistarh et al. 2017): |x_i| / ||x||_2 stochastically rounded to one of
   `levels` levels, so the decoded tensor is an unbiased estimate of x; sign and level are
   packed into ceil(log2(2 levels + 1)) bits. As in the paper, norms are taken over buckets
@@ -54,39 +57,46 @@ EF_OPTION = {"error_feedback": Option(bool, True, doc="carry what was not sent t
 class OneBit(Codec):
     name = "onebit"
     FIELDS = ["bits", "means"]
-    OPTIONS = EF_OPTION
+    OPTIONS = {**EF_OPTION, "bucket": Option(int, 2048, at_least(1), "elements per mean pair")}
 
-    def __init__(self, error_feedback: bool = True):
-        self.error_feedback = error_feedback
+    def __init__(self, error_feedback: bool = True, bucket: int = 2048):
+        self.error_feedback, self.bucket = error_feedback, bucket
 
     def compress(self, tensor: torch.Tensor) -> Payload:
-        x = tensor.reshape(-1)
-        positive = x >= 0
-        means = torch.stack([_mean(x[positive]), _mean(x[~positive])]).float()
-        return {"bits": pack_bits(positive), "means": means}
+        rows = blocks(tensor, self.bucket)
+        positive = rows >= 0
+        counts = positive.sum(1)
+        high = (rows * positive).sum(1) / counts.clamp_min(1)
+        low = (rows * ~positive).sum(1) / (rows.shape[1] - counts).clamp_min(1)
+        bits = positive.reshape(-1)[:tensor.numel()]
+        return {"bits": pack_bits(bits), "means": torch.stack([high, low], 1).float().reshape(-1)}
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         positive = unpack_bits(payload["bits"], like.numel()).bool()
-        high, low = payload["means"].to(like.dtype)
-        return torch.where(positive, high, low).view_as(like)
+        means = payload["means"].to(like.dtype).view(-1, 2).repeat_interleave(self.bucket, 0)
+        means = means[:like.numel()]
+        return torch.where(positive, means[:, 0], means[:, 1]).view_as(like)
 
 
 class Sign(Codec):
     name = "sign"
-    FIELDS = ["bits", "scale"]
-    OPTIONS = EF_OPTION
+    FIELDS = ["bits", "scales"]
+    OPTIONS = {**EF_OPTION, "bucket": Option(int, 2048, at_least(1), "elements per scale")}
 
-    def __init__(self, error_feedback: bool = True):
-        self.error_feedback = error_feedback
+    def __init__(self, error_feedback: bool = True, bucket: int = 2048):
+        self.error_feedback, self.bucket = error_feedback, bucket
 
     def compress(self, tensor: torch.Tensor) -> Payload:
         x = tensor.reshape(-1)
-        scale = (x.abs().sum() / max(1, x.numel())).float().reshape(1)
-        return {"bits": pack_bits(x >= 0), "scale": scale}
+        rows = blocks(x, self.bucket)
+        last = x.numel() - (rows.shape[0] - 1) * self.bucket  # the last bucket may be short
+        sizes = torch.full((rows.shape[0],), float(self.bucket), dtype=x.dtype)
+        sizes[-1] = last
+        return {"bits": pack_bits(x >= 0), "scales": (rows.abs().sum(1) / sizes).float()}
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         positive = unpack_bits(payload["bits"], like.numel()).bool()
-        scale = payload["scale"].to(like.dtype)
+        scale = payload["scales"].to(like.dtype).repeat_interleave(self.bucket)[:like.numel()]
         return torch.where(positive, scale, -scale).view_as(like)
 
 
@@ -103,7 +113,7 @@ class QSGD(Codec):
 
     def compress(self, tensor: torch.Tensor) -> Payload:
         x = tensor.reshape(-1)
-        rows = self._buckets(x)
+        rows = blocks(x, self.bucket)
         norms = rows.norm(dim=1, keepdim=True).float()
         tiny = torch.finfo(torch.float32).tiny
         scaled = (rows.abs() / norms.clamp_min(tiny) * self.levels).reshape(-1)[:x.numel()]
@@ -117,11 +127,10 @@ class QSGD(Codec):
         scale = payload["norms"].to(like.dtype).repeat_interleave(self.bucket) / self.levels
         return (signed.to(like.dtype) * scale[:like.numel()]).view_as(like)
 
-    def _buckets(self, x: torch.Tensor) -> torch.Tensor:
-        padded = x.new_zeros(-(-x.numel() // self.bucket) * self.bucket)
-        padded[:x.numel()] = x
-        return padded.view(-1, self.bucket)
 
-
-def _mean(values: torch.Tensor) -> torch.Tensor:
-    return values.mean() if values.numel() else values.new_zeros(())
+def blocks(tensor: torch.Tensor, size: int) -> torch.Tensor:
+    """The elements of `tensor` as rows of `size` (the last one padded with zeros)."""
+    x = tensor.reshape(-1)
+    padded = x.new_zeros(-(-x.numel() // size) * size)
+    padded[:x.numel()] = x
+    return padded.view(-1, size)

@@ -7,7 +7,9 @@ al. 2020). Averaging the workers' mean gradients gives the gradient of the mean 
 the concatenated global batch, hence N workers with batch b equal 1 worker with batch N*b.
 
 On the wire: one all-reduce of every gradient per step, 2(n-1)/n of the bucket bytes sent by
-each worker (ring algorithm).
+each worker (ring algorithm). With a lossy codec each parameter tensor is reduced in its
+compressed form after backward (compress/collectives.py): compressing layer by layer keeps a
+codec's scales per layer (Karimireddy et al. 2019); the codec state is in the strategy state.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
 from fastsgd.options import Option, positive
 from fastsgd.strategies.base import Context
 from fastsgd.transport.base import Handle
@@ -30,23 +33,29 @@ class _Bucket:
         self.pending = len(params)
         self.handle: Handle | None = None
 
-    def launch(self, ctx: Context) -> None:
+    def gather_grads(self) -> None:
         for p, view in zip(self.params, self.views):
             if p.grad is None:
                 view.zero_()
             else:
                 view.copy_(p.grad.reshape(-1))
+
+    def scatter_grads(self) -> None:
+        for p, view in zip(self.params, self.views):
+            if p.grad is None:
+                p.grad = view.view_as(p).clone()
+            else:
+                p.grad.copy_(view.view_as(p))
+
+    def launch(self, ctx: Context) -> None:
+        self.gather_grads()
         self.handle = ctx.transport.all_reduce(self.flat, async_op=True)
 
     def finish(self, world_size: int) -> None:
         assert self.handle is not None
         self.handle.wait()
         self.flat.div_(world_size)
-        for p, view in zip(self.params, self.views):
-            if p.grad is None:
-                p.grad = view.view_as(p).clone()
-            else:
-                p.grad.copy_(view.view_as(p))
+        self.scatter_grads()
         self.handle, self.pending = None, len(self.params)
 
 
@@ -66,7 +75,12 @@ class AllReduce:
     def init(self, params: list[torch.nn.Parameter], ctx: Context) -> dict[str, Any]:
         self.close()
         trainable = [p for p in params if p.requires_grad]
-        self._buckets = [_Bucket(group) for group in _group(trainable[::-1], self.bucket_bytes)]
+        lossy = ctx.compressor.kind != "exact"
+        limit = 0 if lossy else self.bucket_bytes  # lossy: one tensor each, scaled layer-wise
+        self._buckets = [_Bucket(group) for group in _group(trainable[::-1], limit)]
+        if lossy:
+            n = ctx.transport.world_size
+            return {"codec": [init_all_reduce(ctx.compressor, b.flat, n) for b in self._buckets]}
         if self.overlap:
             for bucket in self._buckets:
                 for p in bucket.params:
@@ -81,6 +95,13 @@ class AllReduce:
 
     def on_gradients(self, params: list[torch.nn.Parameter], state: dict[str, Any],
                      ctx: Context) -> None:
+        if "codec" in state:
+            for bucket, codec_state in zip(self._buckets, state["codec"]):
+                bucket.gather_grads()
+                mean = all_reduce_mean(bucket.flat, ctx.compressor, codec_state, ctx.transport)
+                bucket.flat.copy_(mean)
+                bucket.scatter_grads()
+            return
         for bucket in self._buckets:  # buckets whose gradients did not all arrive (unused params)
             if bucket.handle is None:
                 bucket.launch(ctx)

@@ -42,6 +42,7 @@ REQUEST, ANSWER = 0.0, 1.0
 
 class SGP(_OnGraph):
     name = "sgp"
+    CODEC_KINDS = ("exact",)
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
         "onepeer")}
 
@@ -85,6 +86,7 @@ class SGP(_OnGraph):
 
 class ADPSGD(_OnGraph):
     name = "adpsgd"
+    CODEC_KINDS = ("exact",)
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "rotate": Option(bool, False, doc="rotate partners (GossipGraD)")}
 

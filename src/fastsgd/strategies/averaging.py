@@ -12,6 +12,9 @@
   with `nesterov`, workers restart from the look-ahead point. The defaults keep the filter's
   gain at 1 (block_lr = 1 - block_momentum): the paper's block_lr = 1 with block momentum
   1 - 1/n diverged here beside local momentum SGD. On the wire: parameters.
+
+With a lossy codec, what the three all-reduce is the change since a point all workers share
+(the last average, the centre, the global model), compressed with error feedback.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from typing import Any
 
 import torch
 
+from fastsgd.compress.collectives import init_all_reduce
 from fastsgd.options import Option, at_least, between
 from fastsgd.strategies.allreduce import AllReduce
 from fastsgd.strategies.base import Context
-from fastsgd.strategies.params import assign, average, flatten
+from fastsgd.strategies.params import assign, average, flatten, mean_change
 
 Params = list[torch.nn.Parameter]
 
@@ -65,15 +69,20 @@ class LocalSGD(_Periodic):
         self._sync = AllReduce(overlap=False)
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
-        return self._sync.init(params, ctx)
+        return {**self._sync.init(params, ctx), **_codec_state(params, ctx, "anchor")}
 
     def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         if ctx.step < self.warmup:
             self._sync.on_gradients(params, state, ctx)
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
-        if ctx.step >= self.warmup and self.due(ctx, self.warmup):
+        if not (ctx.step >= self.warmup and self.due(ctx, self.warmup)):
+            return
+        if "anchor" not in state:
             assign(params, average(params, ctx.transport))
+            return
+        state["anchor"] += mean_change(params, state["anchor"], ctx, state["average_codec"])
+        assign(params, state["anchor"])
 
 
 class EASGD(_Periodic):
@@ -86,7 +95,7 @@ class EASGD(_Periodic):
         self.alpha = alpha
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
-        return {"center": flatten(params)}
+        return {"center": flatten(params), **_codec_state(params, ctx)}
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         if not self.due(ctx):
@@ -95,7 +104,11 @@ class EASGD(_Periodic):
         local = flatten(params)
         diff = local - center
         assign(params, local - self.alpha * diff)
-        ctx.transport.all_reduce(diff)
+        if "average_codec" in state:
+            diff = ctx.transport.world_size * mean_change(params, center, ctx,
+                                                          state["average_codec"])
+        else:
+            ctx.transport.all_reduce(diff)
         center += self.alpha * diff
 
 
@@ -113,14 +126,26 @@ class BMUF(_Periodic):
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         start = flatten(params)
-        return {"global": start, "delta": torch.zeros_like(start)}
+        return {"global": start, "delta": torch.zeros_like(start), **_codec_state(params, ctx)}
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         if not self.due(ctx):
             return
-        block_update = average(params, ctx.transport) - state["global"]
+        if "average_codec" in state:
+            block_update = mean_change(params, state["global"], ctx, state["average_codec"])
+        else:
+            block_update = average(params, ctx.transport) - state["global"]
         state["delta"].mul_(self.momentum).add_(block_update, alpha=self.block_lr)
         state["global"] += state["delta"]
         last = ctx.last_step or not self.nesterov
         start = state["global"] if last else state["global"] + self.momentum * state["delta"]
         assign(params, start)
+
+
+def _codec_state(params: Params, ctx: Context, anchor: str = "") -> dict[str, Any]:
+    """With a lossy codec: its state for the averaged vector (and a shared anchor)."""
+    if ctx.compressor.kind == "exact":
+        return {}
+    start = flatten(params)
+    state = {"average_codec": init_all_reduce(ctx.compressor, start, ctx.transport.world_size)}
+    return {**state, anchor: start} if anchor else state

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from fastsgd.compress.base import Compressor
+from fastsgd.errors import UserError
 from fastsgd.options import Option
 from fastsgd.transport.base import Transport
 
@@ -36,9 +37,13 @@ class Context:
         return self.total_steps is not None and self.step >= self.total_steps - 1
 
 
+CODEC_KINDS = ("exact", "quantize", "sparse", "lowrank")  # see compress/base.py
+
+
 class Strategy(Protocol):
     name: str
     OPTIONS: dict[str, Option]
+    CODEC_KINDS: tuple[str, ...]  # the kinds of codec its messages can carry
 
     def init(self, params: list[torch.nn.Parameter], ctx: Context) -> dict[str, Any]:
         """Prepare for training `params`; return the strategy's state."""
@@ -57,3 +62,16 @@ class Strategy(Protocol):
     def close(self) -> None:
         """Release runtime handles (hooks)."""
         ...
+
+
+def check_codec(strategy: Strategy, codec: Compressor, world_size: int) -> None:
+    """Fail early, naming both settings, when the strategy's messages cannot carry the codec
+    (a strategy may add its own test, `check_compression(codec, world_size)`)."""
+    kinds = getattr(strategy, "CODEC_KINDS", CODEC_KINDS)
+    if codec.kind not in kinds:
+        fits = " or ".join(kinds)
+        raise UserError(f"compression.name = '{codec.name}' ({codec.kind}) does not apply to "
+                        f"strategy.name = '{strategy.name}', which takes {fits} codecs")
+    own_check = getattr(strategy, "check_compression", None)
+    if own_check is not None:
+        own_check(codec, world_size)

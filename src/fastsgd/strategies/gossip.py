@@ -6,7 +6,11 @@ exponential graphs...): no worker ever sees all the others.
   the mix sum_j W_ij x_j over its closed neighbourhood. With a doubly stochastic W the
   average of the replicas is preserved and the replicas contract toward it at the rate of
   W's second eigenvalue. On the wire: the whole parameter vector to each neighbour, every
-  step.
+  step. With a lossy codec it becomes CHOCO-gossip (Koloskova et al. 2019): every worker
+  keeps public copies x^_j of its closed neighbourhood, sends the compressed change
+  q = C(x - x^_self), everyone adds q to their copy of the sender, and the worker moves by
+  `gamma` * sum_j W_ij (x^_j - x^_self). The copies agree everywhere, so a symmetric W still
+  preserves the average exactly; on the wire: the codec's payload to each neighbour.
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ from typing import Any
 
 import torch
 
-from fastsgd.options import Option, at_least, one_of
+from fastsgd.compress.base import Compressor
+from fastsgd.compress.collectives import decode_buffer
+from fastsgd.compress.wire import pack
+from fastsgd.errors import UserError
+from fastsgd.options import Option, at_least, between, one_of
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.topology import TOPOLOGIES, Topology, build_topology
@@ -66,10 +74,56 @@ class _OnGraph:
 
 class DPSGD(_OnGraph):
     name = "dpsgd"
+    CODEC_KINDS = ("exact", "quantize", "sparse")
+    OPTIONS = {**TOPOLOGY_OPTIONS,
+               "gamma": Option(float, 0.5, between(0, 1), "CHOCO step (lossy codecs only)")}
+
+    def __init__(self, gamma: float = 0.5, **graph: Any):
+        super().__init__(**graph)
+        self.gamma = gamma
+
+    def check_compression(self, codec: Compressor, world_size: int) -> None:
+        topology = self.build(world_size)
+        if codec.kind != "exact" and topology.time_varying:
+            raise UserError(f"strategy.topology = '{topology.name}' changes every step; "
+                            f"compressed gossip (compression.name = '{codec.name}') needs a "
+                            "fixed graph")
+
+    def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        super().init(params, ctx)
+        assert self.topology is not None
+        if ctx.compressor.kind == "exact":
+            return {}
+        self.check_compression(ctx.compressor, ctx.transport.world_size)
+        start = flatten(params)  # every replica starts from the same parameters
+        peers = [p for p, _ in self.topology.weights(ctx.transport.rank)]
+        return {"public": {peer: start.clone() for peer in peers}}
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         assert self.topology is not None
-        assign(params, mix(flatten(params), self.topology, ctx))
+        if "public" in state:
+            assign(params, choco(flatten(params), state["public"], self.topology, self.gamma,
+                                 ctx))
+        else:
+            assign(params, mix(flatten(params), self.topology, ctx))
+
+
+def choco(local: torch.Tensor, public: dict[int, torch.Tensor], topology: Topology,
+          gamma: float, ctx: Context) -> torch.Tensor:
+    """One round of CHOCO-gossip: publish the compressed change, update the public copies,
+    step toward the neighbours' copies."""
+    t, codec, me = ctx.transport, ctx.compressor, ctx.transport.rank
+    payload = pack(codec.compress(local - public[me]))
+    handles = [t.send(payload, peer) for peer in topology.out_neighbors(me)]
+    public[me] += decode_buffer(codec, payload, local, me)
+    for peer in topology.in_neighbors(me):
+        received = torch.empty_like(payload)  # same codec, same shape: same payload size
+        t.recv(received, peer)
+        public[peer] += decode_buffer(codec, received, local, peer)
+    for handle in handles:
+        handle.wait()
+    pull = sum(w * (public[peer] - public[me]) for peer, w in topology.weights(me))
+    return local + gamma * pull
 
 
 def mix(local: torch.Tensor, topology: Topology, ctx: Context) -> torch.Tensor:

@@ -19,6 +19,7 @@ Params = list[torch.nn.Parameter]
 
 class Hogwild:
     name = "hogwild"
+    CODEC_KINDS = ("exact",)
     OPTIONS: dict = {}
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:

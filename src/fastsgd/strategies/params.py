@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.nn.utils import parameters_to_vector
+
+from fastsgd.compress.collectives import all_reduce_mean
 
 
 def flatten(params: list[torch.nn.Parameter]) -> torch.Tensor:
@@ -25,3 +29,11 @@ def average(params: list[torch.nn.Parameter], transport) -> torch.Tensor:
     flat = flatten(params)
     transport.all_reduce(flat)
     return flat.div_(transport.world_size)
+
+
+def mean_change(params: list[torch.nn.Parameter], anchor: torch.Tensor, ctx: Any,
+                codec_state: dict[str, Any]) -> torch.Tensor:
+    """The mean over workers of (parameters - anchor), moved by the codec. Parameters are
+    compressed as their change since a point every worker shares (the last average), which
+    behaves like a gradient, rather than as raw values."""
+    return all_reduce_mean(flatten(params) - anchor, ctx.compressor, codec_state, ctx.transport)

@@ -11,7 +11,10 @@ last step it always asks): requests piling up faster than a busy server answers 
 every answer older, and each one costs the worker a pass over the snapshots still out.
 Nobody waits for anyone, except for the final fetch. With `staleness_lr`, a server
 scales a push by 1/staleness, the number of pushes it applied since the pusher last fetched
-(Zhang et al. 2016). On the wire: parameter deltas up, parameters down.
+(Zhang et al. 2016). On the wire: parameter deltas up, parameters down. With a lossy codec,
+pushes are encoded with error feedback (a residual per shard on the worker), and a server
+answers a fetch with the compressed change since what it last told that worker; both ends
+keep that copy, so nothing drifts.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 
 import torch
 
+from fastsgd.compress.base import Compressor
+from fastsgd.compress.wire import pack, unpack
 from fastsgd.errors import UserError
 from fastsgd.options import Option, at_least
 from fastsgd.strategies.base import Context
@@ -33,6 +38,7 @@ PUSH, FETCH, PARAMS = 31, 32, 33
 
 class ParameterServer:
     name = "ps"
+    CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {
         "n_push": Option(int, 1, at_least(1), "steps between pushes"),
         "n_fetch": Option(int, 1, at_least(1), "steps between fetches"),
@@ -59,19 +65,26 @@ class ParameterServer:
         self._versions = [0] * self.servers  # server versions our copy is based on
         self._asked: list[deque[torch.Tensor]] = [deque() for _ in range(self.servers)]
         self._last_fetch = 0
+        self._codec = codec = ctx.compressor
         t.start_messages()
+        shards = [flat[part].clone() for part in self._slices]
         state: dict[str, Any] = {}
+        if codec.kind != "exact":  # what we hold back of each push, what each server told us
+            state["push"] = [codec.init(shard) for shard in shards]
+            state["view"] = [shard.clone() for shard in shards]
         if t.rank < self.servers:
-            state["shard"] = flat[self._slices[t.rank]].clone()
+            state["shard"] = shards[t.rank].clone()
             state["version"] = torch.zeros(1, dtype=torch.int64)
+            if codec.kind != "exact":  # per worker: what this server last told it
+                state["told"] = [shards[t.rank].clone() for _ in range(t.world_size)]
             self._lock = threading.Lock()
-            t.serve(PUSH, lambda src, m: self._apply_push(state, m))
+            t.serve(PUSH, lambda src, m: self._apply_push(state, src, m))
             t.serve(FETCH, lambda src, m: self._answer_fetch(t, state, src))
         return state
 
     # ---- the server role ----------------------------------------------------------------
-    def _apply_push(self, state: dict[str, Any], message: torch.Tensor) -> None:
-        delta, based_on = message[:-1], int(message[-1])
+    def _apply_push(self, state: dict[str, Any], src: int, message: torch.Tensor) -> None:
+        delta, based_on = receive(self._codec, message, state["shard"], src)
         with self._lock:
             staleness = int(state["version"]) - based_on
             scale = 1.0 / max(1, staleness) if self.staleness_lr else 1.0
@@ -80,8 +93,13 @@ class ParameterServer:
 
     def _answer_fetch(self, t, state: dict[str, Any], src: int) -> None:
         with self._lock:
-            reply = torch.cat([state["shard"], state["version"].to(state["shard"].dtype)])
-        t.post(reply, src, PARAMS)
+            shard, version = state["shard"].clone(), int(state["version"])
+        if "told" not in state:
+            t.post(message(self._codec.compress(shard), version), src, PARAMS)
+            return
+        payload = self._codec.compress(shard - state["told"][src])
+        state["told"][src] += self._codec.decode(payload, shard)  # the worker adds the same
+        t.post(message(payload, version), src, PARAMS)
 
     # ---- the worker role ----------------------------------------------------------------
     def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
@@ -89,11 +107,13 @@ class ParameterServer:
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         t, step, last = ctx.transport, ctx.step + 1, ctx.last_step
-        local = self._take_replies(flatten(params), t.poll(PARAMS), step)
+        local = self._take_replies(flatten(params), t.poll(PARAMS), step, state)
         if step % self.n_push == 0 or last:
             for k, part in enumerate(self._slices):
                 delta = local[part] - self._pushed[part]
-                t.post(torch.cat([delta, delta.new_tensor([self._versions[k]])]), k, PUSH)
+                payload = (self._codec.encode(delta, state["push"][k]) if "push" in state
+                           else self._codec.compress(delta))
+                t.post(message(payload, self._versions[k]), k, PUSH)
             self._pushed = local
         if step % self.n_fetch == 0 or last:
             for k, part in enumerate(self._slices):
@@ -104,11 +124,12 @@ class ParameterServer:
         if last:
             due = sum(len(q) for q in self._asked)
             local = self._take_replies(local, [t.wait_message(PARAMS) for _ in range(due)],
-                                       step)
+                                       step, state)
         ctx.stats["staleness"] = step - self._last_fetch
         assign(params, local)
 
-    def _take_replies(self, local: torch.Tensor, replies: list, step: int) -> torch.Tensor:
+    def _take_replies(self, local: torch.Tensor, replies: list, step: int,
+                      state: dict[str, Any]) -> torch.Tensor:
         """A server's shard S replaces ours, plus what we changed since we asked for it; the
         push baseline, and the snapshots of later requests still out, move by the same jump
         (S minus what we had pushed when we asked)."""
@@ -117,14 +138,28 @@ class ParameterServer:
         local, self._pushed = local.clone(), self._pushed.clone()
         for src, reply in replies:
             part, pushed_then = self._slices[src], self._asked[src].popleft()
-            jump = reply[:-1] - pushed_then
+            shard, version = receive(self._codec, reply, pushed_then, src)
+            if "view" in state:  # the server sent the change since what it told us last
+                shard = state["view"][src].add_(shard).clone()
+            jump = shard - pushed_then
             local[part] += jump
             self._pushed[part] += jump
             for later in self._asked[src]:
                 later += jump
-            self._versions[src] = int(reply[-1])
+            self._versions[src] = version
         self._last_fetch = step
         return local
 
     def close(self) -> None:
         return None
+
+
+def message(payload: dict[str, torch.Tensor], version: int) -> torch.Tensor:
+    """A push or a reply on the wire: the codec's payload and the server version it is from."""
+    return pack({**payload, "version": torch.tensor([version], dtype=torch.int64)})
+
+
+def receive(codec: Compressor, buffer: torch.Tensor, like: torch.Tensor,
+            src: int) -> tuple[torch.Tensor, int]:
+    payload = unpack(buffer, [*codec.FIELDS, "version"], src)
+    return codec.decode(payload, like), int(payload.pop("version"))

@@ -6,7 +6,10 @@ is only waited for then. So no worker gets more than s steps ahead of the slowes
 worker sees all updates older than s steps plus all of its own: SSP's guarantee. `s = 0` is
 synchronous all-reduce. On the last step everything still in flight is applied, so with plain
 SGD all replicas end identical (Statement 1 of Viviani et al. 2019).
-On the wire: one all-reduce of all gradients per step, as for `allreduce`.
+On the wire: one all-reduce of all gradients per step, as for `allreduce`. With a lossy
+codec that all-reduce is the codec's compressed collective, which does not run in the
+background: the peers' gradients are still applied s steps late, but nobody computes
+while it runs.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from typing import Any
 
 import torch
 
+from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
 from fastsgd.options import Option, at_least
 from fastsgd.strategies.base import Context
-from fastsgd.transport.base import Handle
+from fastsgd.transport.base import Done, Handle
 
 Params = list[torch.nn.Parameter]
 
@@ -33,15 +37,22 @@ class StaleSynchronous:
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         self._in_flight.clear()
-        return {}
+        if ctx.compressor.kind == "exact":
+            return {}
+        like = torch.cat([p.detach().reshape(-1) for p in params if p.requires_grad])
+        return {"codec": init_all_reduce(ctx.compressor, like, ctx.transport.world_size)}
 
     def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         trainable = [p for p in params if p.requires_grad]
         own = torch.cat([_grad(p).reshape(-1) for p in trainable])
-        total = own.clone()
-        handle = ctx.transport.all_reduce(total, async_op=True)
-        self._in_flight.append((ctx.step, total, own, handle))
         n = ctx.transport.world_size
+        if "codec" in state:
+            total = n * all_reduce_mean(own, ctx.compressor, state["codec"], ctx.transport)
+            handle: Handle = Done()
+        else:
+            total = own.clone()
+            handle = ctx.transport.all_reduce(total, async_op=True)
+        self._in_flight.append((ctx.step, total, own, handle))
         update = own / n
         keep = 0 if ctx.last_step else self.staleness
         ctx.stats["staleness"] = 0

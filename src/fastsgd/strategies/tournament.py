@@ -21,6 +21,7 @@ Params = list[torch.nn.Parameter]
 
 class Tournament:
     name = "ltfb"
+    CODEC_KINDS = ("exact",)
     OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds")}
 
     def __init__(self, period: int = 50):
