@@ -13,6 +13,7 @@ collective (see collectives.py):
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
 import torch
@@ -48,7 +49,7 @@ def payload_bytes(payload: Payload) -> int:
     return sum(t.numel() * t.element_size() for t in payload.values())
 
 
-class Codec:
+class Codec(ABC):
     """Shared behaviour: `encode` is `compress` plus, when `error_feedback` is on, the residual
     of what earlier messages failed to carry (Seide et al. 2014; Karimireddy et al. 2019):
     what is sent plus the new residual equals what was to be sent plus the old residual."""
@@ -73,11 +74,11 @@ class Codec:
         state["residual"] = target - self.decode(payload, target)
         return payload
 
-    def compress(self, tensor: torch.Tensor) -> Payload:
-        raise NotImplementedError
+    @abstractmethod
+    def compress(self, tensor: torch.Tensor) -> Payload: ...
 
-    def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    @abstractmethod
+    def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor: ...
 
     def nbytes(self, payload: Payload) -> int:
         return payload_bytes(payload)
