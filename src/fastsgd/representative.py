@@ -36,7 +36,8 @@ def representative(policy: str, model: torch.nn.Module, transport: Transport,
                 transport.all_reduce(buffer)
                 buffer.div_(transport.world_size)
         return chosen
-    scores = transport.all_gather(torch.tensor([score(model)], dtype=torch.float64))
+    scores = transport.all_gather(torch.tensor([score(model)], dtype=torch.float64,
+                                                device=transport.device))
     best = min(range(transport.world_size), key=lambda r: (float(scores[r]), r))
     with torch.no_grad():
         for t in [*params, *chosen.buffers()]:

@@ -213,7 +213,8 @@ class _Loop:
         # waiting for the slowest): fast workers get more done
         steps, seconds = (self.steps - 1, self.penultimate) if self.steps > 1 else (1, end)
         rate = steps * self.plan.config["data"]["batch_size"] / seconds if seconds > 0 else 0.0
-        totals = torch.tensor([self.sent, self.received, rate], dtype=torch.float64)
+        totals = torch.tensor([self.sent, self.received, rate], dtype=torch.float64,
+                              device=self.t.device)
         self.t.all_reduce(totals)
         if self.rank != 0:
             return None

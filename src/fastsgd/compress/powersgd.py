@@ -40,7 +40,7 @@ class PowerSGD(Codec):
         rows, cols = shape_of(like.numel())
         generator = torch.Generator().manual_seed(self.seed)
         q = torch.randn(cols, min(self.rank, rows, cols), generator=generator)
-        return {**super().init(like), "q": q.to(like.dtype)}
+        return {**super().init(like), "q": q.to(like.device, like.dtype)}
 
     def all_reduce(self, tensor: torch.Tensor, state: dict[str, Any],
                    transport: Transport) -> torch.Tensor:

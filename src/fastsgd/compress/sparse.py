@@ -59,15 +59,18 @@ class RandomK(Codec):
     def compress(self, tensor: torch.Tensor) -> Payload:
         x = tensor.reshape(-1)
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
-        return {"seed": seed, "values": x[self._indices(int(seed), x.numel())]}
+        return {"seed": seed.to(x.device), "values": x[self._indices(int(seed), x)]}
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
-        indices = self._indices(int(payload["seed"]), like.numel())
+        indices = self._indices(int(payload["seed"]), like)
         return scatter(indices, payload["values"], like)
 
-    def _indices(self, seed: int, numel: int) -> torch.Tensor:
+    def _indices(self, seed: int, like: torch.Tensor) -> torch.Tensor:
+        """The same on every device: drawn on the CPU from the seed alone."""
+        numel = like.numel()
         generator = torch.Generator().manual_seed(seed)
-        return torch.randperm(numel, generator=generator)[:kept(numel, self.ratio)]
+        chosen = torch.randperm(numel, generator=generator)[:kept(numel, self.ratio)]
+        return chosen.to(like.device)
 
 
 class DGC(Codec):

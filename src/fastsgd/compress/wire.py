@@ -19,16 +19,18 @@ _WORD = 8
 
 def pack(payload: Payload) -> torch.Tensor:
     """One uint8 buffer holding every tensor of `payload`, in its order."""
-    parts = [t.detach().reshape(-1).contiguous().cpu() for t in payload.values()]
+    parts = [t.detach().reshape(-1).contiguous() for t in payload.values()]
+    device = parts[0].device if parts else torch.device("cpu")
     words = [len(parts)]
     for t in parts:
         words += [DTYPES.index(t.dtype), t.numel()]
-    header = torch.tensor(words, dtype=torch.int64).view(torch.uint8)
-    return torch.cat([header, *(t.view(torch.uint8) for t in parts)])
+    header = torch.tensor(words, dtype=torch.int64, device=device).view(torch.uint8)
+    return torch.cat([header, *(t.to(device).view(torch.uint8) for t in parts)])
 
 
 def unpack(buffer: torch.Tensor, keys: list[str], sender: int | str = "?") -> Payload:
-    """The payload `pack` made, its tensors named by `keys` (the codec's field order)."""
+    """The payload `pack` made, its tensors named by `keys` (the codec's field order), on the
+    buffer's device."""
     try:
         count = int(buffer[:_WORD].clone().view(torch.int64))
         words = buffer[_WORD:_WORD * (1 + 2 * count)].clone().view(torch.int64).tolist()

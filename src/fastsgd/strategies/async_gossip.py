@@ -53,7 +53,7 @@ class SGP(_OnGraph):
         super().init(params, ctx)
         ctx.transport.start_messages()
         self._received = 0
-        return {"weight": torch.ones(1, dtype=torch.float64)}
+        return {"weight": torch.ones(1, dtype=torch.float64, device=params[0].device)}
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         assert self.topology is not None
@@ -141,7 +141,7 @@ class ADPSGD(_OnGraph):
 
     def _drain(self, t, x: torch.Tensor) -> torch.Tensor:
         """Collective: answer every request still coming and collect every answer due."""
-        asked = torch.tensor(self._asked, dtype=torch.float64)
+        asked = torch.tensor(self._asked, dtype=torch.float64, device=x.device)
         t.all_reduce(asked)
         while self._answered < int(asked[t.rank]) or self._awaiting > 0:
             src, m = t.wait_message(PAIR)

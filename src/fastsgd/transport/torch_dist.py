@@ -38,10 +38,16 @@ class _Work:
 
 
 def pick_backend(backend: str = "auto") -> str:
+    """`auto` is NCCL when every worker on this machine has a GPU of its own (NCCL refuses
+    two ranks on one GPU), else gloo."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if backend == "auto":
-        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise UserError("run.backend = 'nccl' needs CUDA, and no GPU is visible")
+        return "nccl" if dist.is_nccl_available() and 0 < local <= gpus else "gloo"
+    if backend == "nccl" and local > gpus:
+        have = "no GPU is visible" if gpus == 0 else f"this machine has {gpus}"
+        raise UserError(f"run.backend = 'nccl' needs a GPU for each of the {local} workers "
+                        f"on this machine, and {have} (use run.backend = 'gloo')")
     return backend
 
 
@@ -109,6 +115,9 @@ class TorchTransport:
     def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """Collective: a tensor in this machine's shared memory, the same for every worker,
         starting as rank 0's `like` (for lock-free updates, Hogwild)."""
+        if self.device.type != "cpu":
+            raise UserError("shared memory is host memory, and run.backend = 'nccl' keeps the "
+                            "model on the GPU: use run.backend = 'gloo'")
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         if local != self.world_size:
             raise UserError(f"shared memory needs every worker on one machine: {local} of "
@@ -139,16 +148,20 @@ class TorchTransport:
 
     def serve(self, tag: int, handler) -> None:
         """Run `handler(src, payload)` for each message with `tag` as it arrives (on the
-        receiver thread: the handler must guard what it shares with the training thread)."""
-        self._require_messages().handlers[tag] = handler
+        receiver thread: the handler must guard what it shares with the training thread).
+        Messages travel through host memory (a gloo group) and arrive on this worker's device."""
+        device = self.device
+        self._require_messages().handlers[tag] = lambda src, m: handler(src, m.to(device))
 
     def poll(self, tag: int) -> list[tuple[int, torch.Tensor]]:
         """Every message with `tag` that has arrived, as (source rank, flat tensor)."""
-        return self._require_messages().mailbox.take_all(tag)
+        return [(src, m.to(self.device))
+                for src, m in self._require_messages().mailbox.take_all(tag)]
 
     def wait_message(self, tag: int) -> tuple[int, torch.Tensor]:
         """Block until a message with `tag` arrives."""
-        return self._require_messages().mailbox.take_one(tag, self._timeout)
+        src, m = self._require_messages().mailbox.take_one(tag, self._timeout)
+        return src, m.to(self.device)
 
     def _require_messages(self) -> Messenger:
         if self._messenger is None:
