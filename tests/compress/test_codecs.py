@@ -138,6 +138,20 @@ def bucket_norms(x: torch.Tensor) -> torch.Tensor:
     return rows.norm(dim=1).repeat_interleave(rows.shape[1])[:x.numel()]
 
 
+@pytest.mark.parametrize("name", ["onebit", "sign"])
+def test_a_bucket_shorter_than_its_size_scales_by_its_own_elements(name):
+    """A bias of 6 elements fills a 2048-element bucket with padding: the padding must not
+    pull the scales towards zero (it once made onebit send ~0 for every positive element)."""
+    codec = build_compressor({"name": name})
+    x = torch.tensor([1.0, 2.0, -3.0, -1.0, 0.5, 4.0])
+    decoded = codec.decode(codec.compress(x), x)
+    if name == "onebit":  # the mean of the non-negative and of the negative elements
+        expected = torch.tensor([1.875, 1.875, -2.0, -2.0, 1.875, 1.875])
+    else:  # sign times the mean magnitude
+        expected = torch.sign(x) * x.abs().mean()
+    assert torch.allclose(decoded, expected)
+
+
 def test_topk_keeps_the_largest():
     codec = build_compressor({"name": "topk", "ratio": 0.01})
     x = gradient()

@@ -64,10 +64,12 @@ class OneBit(Codec):
 
     def compress(self, tensor: torch.Tensor) -> Payload:
         rows = blocks(tensor, self.bucket)
+        real = blocks(torch.ones_like(tensor.reshape(-1), dtype=torch.bool), self.bucket)
         positive = rows >= 0
-        counts = positive.sum(1)
-        high = (rows * positive).sum(1) / counts.clamp_min(1)
-        low = (rows * ~positive).sum(1) / (rows.shape[1] - counts).clamp_min(1)
+        negative = ~positive & real  # the last bucket's padding belongs to neither mean
+        positive &= real
+        high = (rows * positive).sum(1) / positive.sum(1).clamp_min(1)
+        low = (rows * negative).sum(1) / negative.sum(1).clamp_min(1)
         bits = positive.reshape(-1)[:tensor.numel()]
         return {"bits": pack_bits(bits), "means": torch.stack([high, low], 1).float().reshape(-1)}
 
@@ -90,7 +92,7 @@ class Sign(Codec):
         x = tensor.reshape(-1)
         rows = blocks(x, self.bucket)
         last = x.numel() - (rows.shape[0] - 1) * self.bucket  # the last bucket may be short
-        sizes = torch.full((rows.shape[0],), float(self.bucket), dtype=x.dtype)
+        sizes = torch.full((rows.shape[0],), float(self.bucket), dtype=x.dtype, device=x.device)
         sizes[-1] = last
         return {"bits": pack_bits(x >= 0), "scales": (rows.abs().sum(1) / sizes).float()}
 
