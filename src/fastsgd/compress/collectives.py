@@ -34,35 +34,63 @@ def all_reduce_mean(tensor: torch.Tensor, codec: Compressor, state: dict[str, An
                     transport: Transport) -> torch.Tensor:
     """The mean over workers of `tensor`, moved in the codec's compressed form; every worker
     gets the same result."""
+    return all_reduce_means([tensor], codec, [state], transport)[0]
+
+
+def all_reduce_means(tensors: list[torch.Tensor], codec: Compressor,
+                     states: list[dict[str, Any]], transport: Transport) -> list[torch.Tensor]:
+    """`all_reduce_mean` of several tensors (layers), each encoded on its own (its own scale,
+    its own residual) but all moved together: one message per peer and stage rather than one
+    per tensor, since each message has a fixed cost."""
     n = transport.world_size
     if codec.kind == "exact":
-        out = tensor.detach().clone()
-        transport.all_reduce(out)
-        return out.div_(n)
+        outs = [t.detach().clone() for t in tensors]
+        for out in outs:
+            transport.all_reduce(out)
+        return [out.div_(n) for out in outs]
     if codec.kind == "lowrank":
-        return codec.all_reduce(tensor, state, transport)  # type: ignore[attr-defined]
-    if codec.kind == "sparse":
-        buffers = transport.all_gather(pack(codec.encode(tensor, state)))
-        return sum(decode_buffer(codec, b, tensor, src) for src, b in enumerate(buffers)) / n
-    return _scatter_gather(tensor, codec, state, transport)
+        return [codec.all_reduce(t, s, transport)  # type: ignore[attr-defined]
+                for t, s in zip(tensors, states)]
+    if codec.kind == "sparse":  # payload sizes follow from numel and ratio: alike everywhere
+        parts = [pack(codec.encode(t, s)) for t, s in zip(tensors, states)]
+        gathered = transport.all_gather(torch.cat(parts))
+        return _decode_sum(codec, tensors, [_split(g, parts) for g in gathered], n)
+    return _scatter_gather(tensors, codec, states, transport)
 
 
-def _scatter_gather(tensor: torch.Tensor, codec: Compressor, state: dict[str, Any],
-                    t: Transport) -> torch.Tensor:
+def _scatter_gather(tensors: list[torch.Tensor], codec: Compressor,
+                    states: list[dict[str, Any]], t: Transport) -> list[torch.Tensor]:
     n, me = t.world_size, t.rank
-    chunks = _chunks(tensor.detach().reshape(-1), n)
-    buffers = [pack(codec.encode(c, s)) for c, s in zip(chunks, state["scatter"])]
-    handles = [t.send(buffers[j], j) for j in range(n) if j != me]
-    reduced = codec.decode(unpack(buffers[me], codec.FIELDS, me), chunks[me]).clone()
+    chunks = [_chunks(x.detach().reshape(-1), n) for x in tensors]
+    mine = [c[me] for c in chunks]
+    parts = [[pack(codec.encode(c, s)) for c, s in zip(cs, state["scatter"])]
+             for cs, state in zip(chunks, states)]  # parts[tensor][destination]
+    outgoing = [torch.cat([p[j] for p in parts]) for j in range(n)]
+    handles = [t.send(outgoing[j], j) for j in range(n) if j != me]
+    received = [_split(outgoing[me], [p[me] for p in parts])]
     for src in (j for j in range(n) if j != me):
-        received = torch.empty_like(buffers[src])  # chunk payloads all have the same size
-        t.recv(received, src)
-        reduced += decode_buffer(codec, received, chunks[me], src)
+        buffer = torch.empty_like(outgoing[src])  # chunk payloads all have the same size
+        t.recv(buffer, src)
+        received.append(_split(buffer, [p[me] for p in parts]))
     for handle in handles:
         handle.wait()
-    gathered = t.all_gather(pack(codec.encode(reduced / n, state["gather"])))
-    out = torch.cat([decode_buffer(codec, b, chunks[me], src) for src, b in enumerate(gathered)])
-    return out[:tensor.numel()].view_as(tensor)
+    reduced = _decode_sum(codec, mine, received, n)
+    parts = [pack(codec.encode(r, state["gather"])) for r, state in zip(reduced, states)]
+    gathered = [_split(g, parts) for g in t.all_gather(torch.cat(parts))]
+    return [torch.cat([decode_buffer(codec, g[i], mine[i], src) for src, g in enumerate(gathered)]
+                      )[:x.numel()].view_as(x) for i, x in enumerate(tensors)]
+
+
+def _decode_sum(codec: Compressor, likes: list[torch.Tensor],
+                buffers: list[list[torch.Tensor]], n: int) -> list[torch.Tensor]:
+    """For each tensor i: the mean over sources of buffers[source][i], decoded."""
+    return [sum(decode_buffer(codec, b[i], like, src) for src, b in enumerate(buffers)) / n
+            for i, like in enumerate(likes)]
+
+
+def _split(buffer: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`buffer` cut into pieces the sizes of `like`'s buffers."""
+    return list(buffer.split([len(b) for b in like]))
 
 
 def _chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
+from fastsgd.compress.collectives import all_reduce_means, init_all_reduce
 from fastsgd.options import Option, positive
 from fastsgd.strategies.base import Context
 from fastsgd.transport.base import Handle
@@ -95,10 +95,12 @@ class AllReduce:
 
     def on_gradients(self, params: list[torch.nn.Parameter], state: dict[str, Any],
                      ctx: Context) -> None:
-        if "codec" in state:
-            for bucket, codec_state in zip(self._buckets, state["codec"]):
+        if "codec" in state:  # each layer encoded alone, all layers moved together
+            for bucket in self._buckets:
                 bucket.gather_grads()
-                mean = all_reduce_mean(bucket.flat, ctx.compressor, codec_state, ctx.transport)
+            means = all_reduce_means([b.flat for b in self._buckets], ctx.compressor,
+                                     state["codec"], ctx.transport)
+            for bucket, mean in zip(self._buckets, means):
                 bucket.flat.copy_(mean)
                 bucket.scatter_grads()
             return
