@@ -126,6 +126,8 @@ class Job:
         config = cfg.merged(config, run={"out": str(run_dir)})
         strategy, codec = self._strategy_object(config), self._codec(config)
         check_codec(strategy, codec, config["run"]["workers"])
+        if self._optimizer is None:
+            _check_momentum_once(codec, config["optimizer"])
         return Plan(config=config, run_dir=run_dir, dataset=dataset,
                     make_model=self._model_factory(config, dataset),
                     make_optimizer=self._optimizer or optimizer_from_config(config["optimizer"]),
@@ -171,6 +173,16 @@ def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
         raise UserError("optimizer.nesterov = true needs optimizer.momentum > 0")
     return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum,
                                           weight_decay=wd, nesterov=nesterov)
+
+
+def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:
+    """DGC's momentum correction (Lin et al. 2018) moves the momentum into the codec, before
+    sparsification; the optimizer's momentum on top would apply it twice and diverge."""
+    momentum = getattr(codec, "momentum", 0.0)
+    if momentum > 0 and optimizer["name"] == "sgd" and optimizer["momentum"] > 0:
+        raise UserError(f"compression.name = '{codec.name}' applies momentum itself "
+                        f"(compression.momentum = {momentum}): set optimizer.momentum = 0, "
+                        f"not {optimizer['momentum']}")
 
 
 def _default_out(config: dict) -> str:

@@ -78,6 +78,14 @@ def test_a_codec_a_strategy_cannot_carry_is_refused_by_name(strategy, synthetic,
         job.simulate(2)
 
 
+def test_dgc_with_the_optimizer_momentum_too_is_refused(synthetic, tmp_path):
+    """DGC's momentum correction replaces the optimizer's momentum; both would diverge."""
+    job = sim_job(synthetic, tmp_path, {"name": "allreduce"},
+                  **{"compression.name": "dgc", "optimizer.momentum": 0.9})
+    with pytest.raises(fs.UserError, match="set optimizer.momentum = 0"):
+        job.simulate(2)
+
+
 @pytest.mark.parametrize("strategy, codec", [
     ("allreduce", "dgc"), ("allreduce", "onebit"), ("allreduce", "powersgd"),
     ("dpsgd", "topk"), ("localsgd", "sign"),
