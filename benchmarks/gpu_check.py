@@ -12,16 +12,21 @@ Exits non-zero if a check fails.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
 
-import torch
+# Ask NVML whether there is a GPU: the CUDA runtime's own check would poison fork(), and the
+# workers are forked.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
-import fastsgd as fs
-from fastsgd.compress import CODECS
-from fastsgd.compress.collectives import decode_buffer
-from fastsgd.compress.wire import pack
+import torch  # noqa: E402
+
+import fastsgd as fs  # noqa: E402
+from fastsgd.compress import CODECS  # noqa: E402
+from fastsgd.compress.collectives import decode_buffer  # noqa: E402
+from fastsgd.compress.wire import pack  # noqa: E402
 
 STOCHASTIC = {"qsgd", "randomk"}  # random draws differ between devices: compare error sizes
 RUNS = [("allreduce", "none"), ("allreduce", "fp16"), ("allreduce", "qsgd"),
@@ -46,6 +51,8 @@ def codec_error(name: str, x: torch.Tensor) -> tuple[float, torch.Tensor, int]:
 
 
 def check_codecs() -> list[str]:
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+          f"nccl {'.'.join(map(str, torch.cuda.nccl.version()))}", flush=True)
     failures = []
     x = torch.randn(101_770, generator=torch.Generator().manual_seed(1234))  # not the draws' seed
     for name in CODECS:
@@ -95,9 +102,8 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no GPU is visible: this script checks the CUDA/NCCL path")
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
-          f"nccl {'.'.join(map(str, torch.cuda.nccl.version()))}", flush=True)
-    failures = check_codecs() + check_training(args.steps, args.data)
+    failures = check_training(args.steps, args.data)  # first: workers fork before CUDA starts
+    failures += check_codecs()
     print("FAILED: " + ", ".join(failures) if failures else "all checks passed")
     sys.exit(1 if failures else 0)
 

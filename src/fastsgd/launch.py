@@ -31,6 +31,9 @@ def free_port() -> int:
 
 def launch(fn: Callable[[], object], workers: int) -> None:
     """Run `fn()` in `workers` processes with RANK/WORLD_SIZE/MASTER_* set; wait for all."""
+    if torch.cuda.is_initialized():  # a forked child cannot use the parent's CUDA context
+        raise UserError("this process used CUDA before starting its workers, and forked "
+                        "workers cannot use it: start them first, or use torchrun")
     ctx = mp.get_context("fork")
     errors = ctx.SimpleQueue()
     port = free_port()
