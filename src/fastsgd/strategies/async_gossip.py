@@ -17,6 +17,12 @@
   same snapshot several times and push the replicas apart).
   `rotate = true` walks the neighbours in turn (GossipGraD's rotating partners, Daily et al.
   2018) instead of drawing one at random. On the wire: two parameter vectors per exchange.
+  An exchange moves differences, so that it can be compressed: each pair keeps a copy of
+  the requester's parameters that both ends update alike (as CHOCO-gossip does, Koloskova et
+  al. 2019); a request carries the change since that copy, the answer carries d, half the way
+  from the answerer to the copy, and the answerer adds d while the requester subtracts it.
+  The pair's sum is preserved exactly whatever the codec loses; with `none` the exchange is
+  the plain average.
 
 Both drain at the last step: every share or answer still on the wire is taken in.
 """
@@ -24,11 +30,12 @@ Both drain at the last step: every share or answer still on the wire is taken in
 from __future__ import annotations
 
 import random
-from collections import defaultdict, deque
 from typing import Any
 
 import torch
 
+from fastsgd.compress.collectives import decode_buffer
+from fastsgd.compress.wire import pack
 from fastsgd.errors import UserError
 from fastsgd.options import Option
 from fastsgd.strategies.base import Context
@@ -37,7 +44,7 @@ from fastsgd.strategies.params import assign, flatten
 
 Params = list[torch.nn.Parameter]
 PUSH, PAIR = 21, 22  # message tags
-REQUEST, ANSWER = 0.0, 1.0
+REQUEST, ANSWER = 0, 1  # adpsgd: the first byte of a PAIR message
 
 
 class SGP(_OnGraph):
@@ -86,7 +93,7 @@ class SGP(_OnGraph):
 
 class ADPSGD(_OnGraph):
     name = "adpsgd"
-    CODEC_KINDS = ("exact",)
+    CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "rotate": Option(bool, False, doc="rotate partners (GossipGraD)")}
 
@@ -106,49 +113,70 @@ class ADPSGD(_OnGraph):
         self.check(ctx.transport.world_size)
         super().init(params, ctx)
         ctx.transport.start_messages()
+        self._codec = ctx.compressor
         self._rng = random.Random(ctx.transport.rank)
         self._asked = [0] * ctx.transport.world_size  # requests sent to each rank
         self._awaiting = 0  # answers still due to this worker
         self._answered = 0  # requests this worker has answered
-        self._sent: dict[int, deque[torch.Tensor]] = defaultdict(deque)  # snapshots per peer
-        return {}
+        # every replica starts here: the pairs' copies of the requesters begin as this
+        return {"start": flatten(params).clone(), "copies": {}}
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         t = ctx.transport
         x = flatten(params)
         for src, m in t.poll(PAIR):
-            x = self._take(t, src, m, x)
+            x = self._take(t, src, m, x, state)
         if ctx.last_step:
-            x = self._drain(t, x)
+            x = self._drain(t, x, state)
         elif t.rank % 2 == 0 and t.world_size > 1 and not self._awaiting:
             peer = self._partner(t.rank, ctx.step)
-            t.post(torch.cat([x, x.new_tensor([REQUEST])]), peer, PAIR)
-            self._sent[peer].append(x)
+            copy = self._copy(state, peer)
+            payload = pack(self._codec.compress(x - copy))
+            copy += decode_buffer(self._codec, payload, x, t.rank)
+            t.post(_tagged(REQUEST, payload), peer, PAIR)
             self._asked[peer] += 1
             self._awaiting += 1
         assign(params, x)
 
-    def _take(self, t, src: int, m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """A request: average, answer with the average. An answer: the average replaces the
-        snapshot sent (answers from one peer come in the order of the requests)."""
-        if m[-1] == REQUEST:
-            average = (x + m[:-1]) / 2
-            t.post(torch.cat([average, x.new_tensor([ANSWER])]), src, PAIR)
+    def _take(self, t, src: int, m: torch.Tensor, x: torch.Tensor,
+              state: dict[str, Any]) -> torch.Tensor:
+        """A request: update the requester's copy, answer with d and add it. An answer:
+        subtract d (answers from one peer come in the order of the requests, and a requester
+        has one exchange out at a time, so both ends update the copy in the same order)."""
+        codec, copy, payload = self._codec, self._copy(state, src), m[1:]
+        if int(m[0]) == REQUEST:
+            copy += decode_buffer(codec, payload, x, src)
+            answer = pack(codec.compress((copy - x) / 2))
+            d = decode_buffer(codec, answer, x, t.rank)
+            copy -= d
+            t.post(_tagged(ANSWER, answer), src, PAIR)
             self._answered += 1
-            return average
+            return x + d
         self._awaiting -= 1
-        return m[:-1] + (x - self._sent[src].popleft())
+        d = decode_buffer(codec, payload, x, src)
+        copy -= d
+        return x - d
 
-    def _drain(self, t, x: torch.Tensor) -> torch.Tensor:
+    def _copy(self, state: dict[str, Any], peer: int) -> torch.Tensor:
+        """The pair's copy of the requester's parameters (this worker's, or the peer's)."""
+        if peer not in state["copies"]:
+            state["copies"][peer] = state["start"].clone()
+        return state["copies"][peer]
+
+    def _drain(self, t, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         """Collective: answer every request still coming and collect every answer due."""
         asked = torch.tensor(self._asked, dtype=torch.float64, device=x.device)
         t.all_reduce(asked)
         while self._answered < int(asked[t.rank]) or self._awaiting > 0:
             src, m = t.wait_message(PAIR)
-            x = self._take(t, src, m, x)
+            x = self._take(t, src, m, x, state)
         return x
 
     def _partner(self, rank: int, step: int) -> int:
         assert self.topology is not None
         peers = [p for p in self.topology.out_neighbors(rank, step) if p % 2]
         return peers[step % len(peers)] if self.rotate else self._rng.choice(peers)
+
+
+def _tagged(kind: int, payload: torch.Tensor) -> torch.Tensor:
+    return torch.cat([payload.new_tensor([kind]), payload])
