@@ -89,7 +89,7 @@ def test_pairwise_gossip_keeps_the_sum_whatever_the_codec_loses(codec):
     from fastsgd.compress import build_compressor
     from fastsgd.strategies.async_gossip import ADPSGD
 
-    steps, dim = 400, 400
+    steps, dim = 1000, 100
 
     def worker(t):
         x = torch.nn.Parameter(torch.zeros(dim, dtype=torch.float64))
