@@ -5,7 +5,11 @@
   weight w, trains the de-biased z = x / w, and after each step pushes equal shares of
   (x, w) to its out-neighbours, then adds in whatever shares have arrived, without waiting.
   Mass is conserved, so the weighted average is preserved whatever the delays. On the wire:
-  the parameters plus one weight to each out-neighbour, every step.
+  the parameters plus one weight to each out-neighbour, every step. A push moves the change
+  since a copy of the sender's parameters that both ends of the edge keep, so that it can be
+  compressed: the receiver adds its weight times the copy and the sender loses exactly that;
+  what a codec holds back stays with the sender, so with a lossy codec a push moves only
+  `gamma` of the share (as CHOCO-gossip's step, Koloskova et al. 2019).
 - `adpsgd`: asynchronous pairwise gossip (AD-PSGD, Lian et al. 2018): after each step a
   worker sends its parameters to one neighbour; the neighbour, when it next looks, replaces
   its own by the average and answers with it; when the answer comes, the first worker puts
@@ -35,9 +39,9 @@ from typing import Any
 import torch
 
 from fastsgd.compress.collectives import decode_buffer
-from fastsgd.compress.wire import pack
+from fastsgd.compress.wire import pack, unpack
 from fastsgd.errors import UserError
-from fastsgd.options import Option
+from fastsgd.options import Option, between
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.gossip import TOPOLOGY_OPTIONS, _OnGraph
 from fastsgd.strategies.params import assign, flatten
@@ -49,40 +53,78 @@ REQUEST, ANSWER = 0, 1  # adpsgd: the first byte of a PAIR message
 
 class SGP(_OnGraph):
     name = "sgp"
-    CODEC_KINDS = ("exact",)
+    CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
-        "onepeer")}
+        "onepeer"), "gamma": Option(float, 0.5, between(0, 1), "push step (lossy codecs only)")}
 
-    def __init__(self, topology: str = "onepeer", **graph: Any):
+    def __init__(self, topology: str = "onepeer", gamma: float = 0.5, **graph: Any):
         super().__init__(topology, **graph)
+        self.gamma = gamma
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         super().init(params, ctx)
         ctx.transport.start_messages()
         self._received = 0
-        return {"weight": torch.ones(1, dtype=torch.float64, device=params[0].device)}
+        self._codec = ctx.compressor
+        self._step = 1.0 if self._codec.kind == "exact" else self.gamma
+        self._fields = [*self._codec.FIELDS, "weight", "number"]
+        start = flatten(params).double()  # every replica starts here, and so does each copy
+        return {"weight": torch.ones(1, dtype=torch.float64, device=start.device),
+                "start": start, "sent": {}, "received": {},  # the edges' copies
+                "pushed": {}, "taken": {}, "held": {}}  # per edge: pushes numbered, early ones
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         assert self.topology is not None
-        t, w = ctx.transport, state["weight"]
-        x = flatten(params).double() * w
+        t, z = ctx.transport, flatten(params)
+        x, w = z.double() * state["weight"], state["weight"].clone()
         peers = self.topology.out_neighbors(t.rank, ctx.step)
-        share = 1.0 / (len(peers) + 1)
-        x, w = x * share, w * share
-        message = torch.cat([x, w]).to(params[0].dtype)
-        for peer in peers:
-            t.post(message, peer, PUSH)
+        share = state["weight"] * (self._step / (len(peers) + 1))
+        for peer in peers:  # x and w lose exactly the mass the peer will add
+            x -= share * self._push(t, peer, z, share, state)
+            w -= share
         arrived = t.poll(PUSH)
         if ctx.last_step:
             arrived += [t.wait_message(PUSH) for _ in range(self._expected(ctx) -
                                                              self._received - len(arrived))]
-        for _, m in arrived:
-            x += m[:-1].double()
-            w += m[-1].double()
         self._received += len(arrived)
+        for src, payload in self._in_order(arrived, state):
+            weight = payload.pop("weight")
+            copy = _copy(state, "received", src)
+            copy += self._codec.decode(payload, z).double()
+            x += weight * copy
+            w += weight
         state["weight"] = w
         ctx.stats["staleness"] = 0
-        assign(params, (x / w).to(params[0].dtype))
+        assign(params, (x / w).to(z.dtype))
+
+    def _push(self, t, peer: int, z: torch.Tensor, share: torch.Tensor,
+              state: dict[str, Any]) -> torch.Tensor:
+        """Send `peer` a share of weight and the compressed change of z since the edge's copy
+        (Taheri et al. 2020 track such copies for quantized push-sum); return the copy, which
+        the peer updates alike and takes for z."""
+        copy, number = _copy(state, "sent", peer), state["pushed"].get(peer, 0)
+        state["pushed"][peer] = number + 1
+        buffer = pack({**self._codec.compress((z.double() - copy).to(z.dtype)), "weight": share,
+                       "number": torch.tensor([number], device=z.device)})
+        t.post(buffer, peer, PUSH)
+        payload = unpack(buffer, self._fields, t.rank)  # as the peer will decode it
+        copy += self._codec.decode({k: payload[k] for k in self._codec.FIELDS}, z).double()
+        return copy
+
+    def _in_order(self, arrived: list[tuple[int, torch.Tensor]],
+                  state: dict[str, Any]) -> list[tuple[int, dict[str, torch.Tensor]]]:
+        """The pushes that can be applied now, each edge's in the order they were sent (its
+        copy changes with each one); one that overtook an earlier one waits for it."""
+        held = state["held"]
+        for src, buffer in arrived:
+            payload = unpack(buffer, self._fields, src)
+            held[(src, int(payload.pop("number")))] = payload
+        ready = []
+        for src in sorted({src for src, _ in held}):
+            while (src, state["taken"].get(src, 0)) in held:
+                ready.append((src, held.pop((src, state["taken"].get(src, 0)))))
+                state["taken"][src] = state["taken"].get(src, 0) + 1
+        return ready
 
     def _expected(self, ctx: Context) -> int:
         """Shares this worker receives over the whole run (the graph is known in advance)."""
@@ -130,7 +172,7 @@ class ADPSGD(_OnGraph):
             x = self._drain(t, x, state)
         elif t.rank % 2 == 0 and t.world_size > 1 and not self._awaiting:
             peer = self._partner(t.rank, ctx.step)
-            copy = self._copy(state, peer)
+            copy = _copy(state, "copies", peer)
             payload = pack(self._codec.compress(x - copy))
             copy += decode_buffer(self._codec, payload, x, t.rank)
             t.post(_tagged(REQUEST, payload), peer, PAIR)
@@ -143,7 +185,7 @@ class ADPSGD(_OnGraph):
         """A request: update the requester's copy, answer with d and add it. An answer:
         subtract d (answers from one peer come in the order of the requests, and a requester
         has one exchange out at a time, so both ends update the copy in the same order)."""
-        codec, copy, payload = self._codec, self._copy(state, src), m[1:]
+        codec, copy, payload = self._codec, _copy(state, "copies", src), m[1:]
         if int(m[0]) == REQUEST:
             copy += decode_buffer(codec, payload, x, src)
             answer = pack(codec.compress((copy - x) / 2))
@@ -156,12 +198,6 @@ class ADPSGD(_OnGraph):
         d = decode_buffer(codec, payload, x, src)
         copy -= d
         return x - d
-
-    def _copy(self, state: dict[str, Any], peer: int) -> torch.Tensor:
-        """The pair's copy of the requester's parameters (this worker's, or the peer's)."""
-        if peer not in state["copies"]:
-            state["copies"][peer] = state["start"].clone()
-        return state["copies"][peer]
 
     def _drain(self, t, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         """Collective: answer every request still coming and collect every answer due."""
@@ -180,3 +216,11 @@ class ADPSGD(_OnGraph):
 
 def _tagged(kind: int, payload: torch.Tensor) -> torch.Tensor:
     return torch.cat([payload.new_tensor([kind]), payload])
+
+
+def _copy(state: dict[str, Any], edges: str, peer: int) -> torch.Tensor:
+    """The copy of the sender's (sgp) or requester's (adpsgd) parameters that both ends of
+    an edge keep alike."""
+    if peer not in state[edges]:
+        state[edges][peer] = state["start"].clone()
+    return state[edges][peer]
