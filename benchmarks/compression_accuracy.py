@@ -8,7 +8,8 @@ LeNet on Fashion-MNIST, 4 real worker processes, batch 32 per worker, plain SGD 
 of that delay diverges at any rate that trains fast; docs/compression.md). dgc carries
 momentum 0.9 itself (momentum correction), so its rate is 0.2 * (1 - 0.9), the same step.
 dpsgd runs on a ring (4 workers: the 2x2 torus is the same graph); with a lossy codec it is
-CHOCO-gossip with step `strategy.gamma` (0.5). Each line: final accuracy, its gap to `none`
+CHOCO-gossip with step `strategy.gamma` (0.5). `--strategies adpsgd,sgp` runs the
+asynchronous gossip strategies the same way. Each line: final accuracy, its gap to `none`
 on the same strategy, and total bytes sent as a fraction of `none`'s. `--parallel N` runs N
 jobs at once (4 N processes: give each a core).
 """
@@ -31,14 +32,17 @@ CODECS = {
     "dgc": {"compression.ratio": 0.001, "compression.warmup_steps": 400, "optimizer.lr": 0.02},
     "powersgd": {"compression.rank": 4},
 }
-STRATEGIES = {"allreduce": {}, "dpsgd": {"strategy.topology": "ring"}}
+STRATEGIES = {"allreduce": {}, "dpsgd": {"strategy.topology": "ring"},
+              "adpsgd": {"strategy.topology": "ring"}, "sgp": {}}  # the last two: on request
 # CHOCO's consensus step shrinks with the share a sparse codec keeps (Koloskova et al. 2019:
 # gamma of the order of the compression quality); CHOCO compresses parameter differences
 # with no error feedback, so dgc there is top-k with no momentum correction: full rate.
+# sgp's push step likewise. adpsgd has no step: a lossy answer only mixes less.
 GOSSIP: dict[tuple[str, str], dict] = {
-    ("dpsgd", "topk"): {"strategy.gamma": 0.02},
-    ("dpsgd", "randomk"): {"strategy.gamma": 0.02},
-    ("dpsgd", "dgc"): {"strategy.gamma": 0.005, "optimizer.lr": 0.2},
+    **{(s, "topk"): {"strategy.gamma": 0.02} for s in ("dpsgd", "sgp")},
+    **{(s, "randomk"): {"strategy.gamma": 0.02} for s in ("dpsgd", "sgp")},
+    **{(s, "dgc"): {"strategy.gamma": 0.005, "optimizer.lr": 0.2} for s in ("dpsgd", "sgp")},
+    ("adpsgd", "dgc"): {"optimizer.lr": 0.2},
 }
 POINT_TO_POINT = {"powersgd"}  # needs an all-reduce of its factors: not on gossip edges
 
@@ -60,7 +64,7 @@ def main() -> None:
     codecs = ["none", *[c for c in args.only.split(",") if c and c != "none"]] if args.only \
         else list(CODECS)
     jobs = [(s, c) for s in args.strategies.split(",") for c in codecs
-            if not (s == "dpsgd" and c in POINT_TO_POINT)]
+            if not (s != "allreduce" and c in POINT_TO_POINT)]
     with ThreadPoolExecutor(args.parallel) as pool:
         results = dict(zip(jobs, pool.map(lambda job: in_subprocess(*job, args), jobs)))
     rows = report(results)
