@@ -1,11 +1,13 @@
 import os
 from pathlib import Path
 
-import pytest
-import torch
+os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")  # before MKL's first call: see fastsgd/__init__
 
-from fastsgd.data import load_dataset
-from fastsgd.models import build_model
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from fastsgd.data import load_dataset  # noqa: E402
+from fastsgd.models import build_model  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
