@@ -1,6 +1,6 @@
 """Accuracy at a fraction of the bytes: every codec on `allreduce` and `dpsgd`.
 
-    python benchmarks/compression_accuracy.py [--epochs 4] [--only topk,dgc]
+    python benchmarks/compression_accuracy.py [--epochs 8] [--only topk,dgc]
         [--strategies dpsgd] [--parallel 4] [--json results.json]
 
 LeNet on Fashion-MNIST, 4 real worker processes, batch 32 per worker, plain SGD at lr 0.2
@@ -49,7 +49,7 @@ POINT_TO_POINT = {"powersgd"}  # needs an all-reduce of its factors: not on goss
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=float, default=4.0)
+    p.add_argument("--epochs", type=float, default=8.0)
     p.add_argument("--only", default="", help="comma-separated codec names (none always runs)")
     p.add_argument("--strategies", default="allreduce,dpsgd")
     p.add_argument("--parallel", type=int, default=1, help="jobs at once")
