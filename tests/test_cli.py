@@ -48,7 +48,7 @@ def fastsgd(*args, cwd=None):
      "compression.rank must be >= 1"),
     (["run", "--set", "compression.name=fp16", "--set", "compression.ratio=0.1"],
      "unknown config key 'compression.ratio'"),
-    (["simulate", "--set", "strategy.name=ltfb", "--set", "compression.name=topk",
+    (["simulate", "--set", "strategy.name=hogwild", "--set", "compression.name=topk",
       "--set", "data.name=synthetic"], "compression.name = 'topk'"),
     (["simulate", "--set", "strategy.name=dpsgd", "--set", "strategy.topology=onepeer",
       "--set", "compression.name=topk", "--set", "data.name=synthetic"],

@@ -49,6 +49,7 @@ def test_choco_gossip_keeps_the_average_and_reaches_consensus(codec):
     ("allreduce", "qsgd"), ("ssp", "sign"), ("localsgd", "topk"), ("easgd", "fp16"),
     ("bmuf", "qsgd"), ("dpsgd", "topk"), ("ps", "topk"), ("ps", "onebit"),
     ("adpsgd", "topk"), ("adpsgd", "onebit"), ("sgp", "topk"), ("sgp", "qsgd"),
+    ("ltfb", "fp16"), ("ltfb", "qsgd"),
 ])
 def test_strategies_train_with_a_codec(strategy, codec, synthetic, tmp_path):
     """10 classes (chance: 10%); uncompressed allreduce reaches 59% in these 150 steps."""
@@ -74,7 +75,7 @@ def test_compression_shrinks_the_bytes_of_a_run(synthetic, tmp_path):
     assert sent["topk"] < sent["none"] / 10
 
 
-@pytest.mark.parametrize("strategy", ["ltfb", "hogwild"])
+@pytest.mark.parametrize("strategy", ["hogwild"])
 def test_a_codec_a_strategy_cannot_carry_is_refused_by_name(strategy, synthetic, tmp_path):
     job = sim_job(synthetic, tmp_path, {"name": strategy}, **{"compression.name": "topk"})
     with pytest.raises(fs.UserError, match=f"compression.name = 'topk'.*'{strategy}'"):
