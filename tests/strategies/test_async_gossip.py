@@ -18,21 +18,9 @@ def test_push_sum_keeps_the_mass_whatever_the_delays(codec):
     """No gradients: after the drain, sum of weights = n and sum of w*z = sum of the starts,
     whatever a codec holds back (a sender loses exactly the mass its peer adds), even when
     the jitter reorders an edge's pushes."""
-    steps = 30
-
     def worker(t):
-        z = torch.nn.Parameter(torch.zeros(500, dtype=torch.float64))
-        options = {"name": codec, "ratio": 0.1} if codec == "topk" else {"name": codec}
-        strategy, ctx = SGP(), Context(t, build_compressor(options), total_steps=steps)
-        state = strategy.init([z], ctx)  # every replica starts at zero, then is pushed apart
-        start = torch.randn(500, generator=torch.Generator().manual_seed(t.rank),
-                            dtype=torch.float64)
-        with torch.no_grad():
-            z.copy_(start)
-        for step in range(steps):
-            ctx.step = step
-            strategy.on_parameters([z], state, ctx)
-        return start, z.detach(), float(state["weight"])
+        start, z, state = gossip_apart(t, SGP(), codec, steps=30, dim=500)
+        return start, z, float(state["weight"])
 
     out = simulate(5, worker, JITTERY, STRAGGLERS)
     assert sum(w for _, _, w in out) == pytest.approx(5.0, rel=1e-12)
@@ -94,25 +82,28 @@ def test_pairwise_gossip_keeps_the_sum_whatever_the_codec_loses(codec):
     so the replicas' average never moves; the spread shrinks even through a lossy codec."""
     from fastsgd.strategies.async_gossip import ADPSGD
 
-    steps, dim = 1000, 100
-
     def worker(t):
-        x = torch.nn.Parameter(torch.zeros(dim, dtype=torch.float64))
-        options = {"name": codec, "ratio": 0.1} if codec == "topk" else {"name": codec}
-        strategy = ADPSGD(topology="ring")
-        ctx = Context(t, build_compressor(options), total_steps=steps)
-        state = strategy.init([x], ctx)  # every replica starts at zero, then is pushed apart
-        start = torch.randn(dim, generator=torch.Generator().manual_seed(t.rank),
-                            dtype=torch.float64)
-        with torch.no_grad():
-            x.copy_(start)
-        for step in range(steps):
-            ctx.step = step
-            strategy.on_parameters([x], state, ctx)
-        return start, x.detach().clone()
+        return gossip_apart(t, ADPSGD(topology="ring"), codec, steps=1000, dim=100)[:2]
 
     starts, ends = map(torch.stack, zip(*simulate(6, worker)))
     assert torch.allclose(ends.mean(0), starts.mean(0), atol=1e-9)
     spread = lambda x: ((x - x.mean(0)) ** 2).sum(-1).mean()  # noqa: E731
     # how many exchanges complete depends on measured compute times: a loose bound
     assert spread(ends) < 0.3 * spread(starts)
+
+
+def gossip_apart(t, strategy, codec: str, steps: int, dim: int):
+    """Every replica starts at zero (the strategy's common start), is pushed apart to a
+    random point of its own, then gossips with no gradients: (start, end, state)."""
+    x = torch.nn.Parameter(torch.zeros(dim, dtype=torch.float64))
+    options = {"name": codec, "ratio": 0.1} if codec == "topk" else {"name": codec}
+    ctx = Context(t, build_compressor(options), total_steps=steps)
+    state = strategy.init([x], ctx)
+    start = torch.randn(dim, generator=torch.Generator().manual_seed(t.rank),
+                        dtype=torch.float64)
+    with torch.no_grad():
+        x.copy_(start)
+    for step in range(steps):
+        ctx.step = step
+        strategy.on_parameters([x], state, ctx)
+    return start, x.detach().clone(), state
