@@ -121,9 +121,11 @@ class SGP(_OnGraph):
             held[(src, int(payload.pop("number")))] = payload
         ready = []
         for src in sorted({src for src, _ in held}):
-            while (src, state["taken"].get(src, 0)) in held:
-                ready.append((src, held.pop((src, state["taken"].get(src, 0)))))
-                state["taken"][src] = state["taken"].get(src, 0) + 1
+            number = state["taken"].get(src, 0)
+            while (src, number) in held:
+                ready.append((src, held.pop((src, number))))
+                number += 1
+            state["taken"][src] = number
         return ready
 
     def _expected(self, ctx: Context) -> int:
