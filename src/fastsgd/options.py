@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from fastsgd.errors import ConfigError
 
@@ -25,13 +27,14 @@ class Option:
 
     def validate(self, key: str, value: Any) -> Any:
         """Return `value` converted to this option's type, or raise ConfigError naming `key`."""
-        value = _coerce(self.type, value)
-        if value is None:
-            raise ConfigError(f"{key} must be of type {self.type.__name__}, got {value!r}")
-        problem = self.check(value) if self.check else None
+        coerced = _coerce(self.type, value)
+        if coerced is None:
+            raise ConfigError(f"{key} must be of type {self.type.__name__}, "
+                              f"got {value!r} ({type(value).__name__})")
+        problem = self.check(coerced) if self.check else None
         if problem:
             raise ConfigError(f"{key} {problem}, got {value!r}")
-        return value
+        return coerced
 
 
 def _coerce(kind: type, value: Any) -> Any:
@@ -68,10 +71,9 @@ def validate_section(section: str, values: dict[str, Any], schema: dict[str, Opt
     unknown = sorted(set(values) - set(schema) - skip)
     if unknown:
         raise ConfigError(unknown_key_message(f"{section}.{unknown[0]}", section, schema))
-    out = {k: values[k] for k in skip if k in values}
-    for key, option in schema.items():
-        out[key] = option.validate(f"{section}.{key}", values.get(key, option.default))
-    return out
+    out = {key: option.validate(f"{section}.{key}", values.get(key, option.default))
+           for key, option in schema.items()}
+    return {**out, **{k: values[k] for k in sorted(skip) if k in values}}
 
 
 def unknown_key_message(key: str, section: str, schema: dict[str, Option]) -> str:
@@ -112,3 +114,58 @@ class Registry:
     def build(self, values: dict[str, Any]) -> Any:
         checked = self.validate(values)
         return self.get(checked.pop("name"))(**checked)
+
+
+class Configurable:
+    """A component configured by an OPTIONS schema (a strategy, a codec). Building one in
+    Python checks its arguments exactly as the config file's keys are checked, and `options`
+    records the checked values, which is what a run's config.toml writes.
+
+    Subclasses name their config section: `class AllReduce(Configurable, section="strategy")`.
+    """
+
+    OPTIONS: ClassVar[dict[str, Option]] = {}
+    SECTION: ClassVar[str] = ""
+
+    def __init_subclass__(cls, section: str | None = None, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if section is not None:
+            cls.SECTION = section
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _checked(cls.__dict__["__init__"])  # type: ignore[method-assign]
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.__dict__.get("_options", {}))
+
+
+def _checked(init: Callable[..., None]) -> Callable[..., None]:
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(self: Configurable, *args: Any, **kwargs: Any) -> None:
+        if self.__dict__.get("_options") is not None:  # a base class's __init__, via super()
+            return init(self, *args, **kwargs)
+        given = _arguments(signature, self, args, kwargs)
+        self._options = validate_section(self.SECTION or type(self).__name__, given,
+                                         self.OPTIONS)
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _arguments(signature: inspect.Signature, obj: Any, args: tuple,
+               kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The constructor's arguments by name (a **kwargs catch-all flattened; None = default)."""
+    try:
+        bound = signature.bind(obj, *args, **kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{type(obj).__name__}: {e}") from None
+    given: dict[str, Any] = {}
+    for name, value in list(bound.arguments.items())[1:]:
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            given.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            given[name] = value
+    return {k: v for k, v in given.items() if v is not None}

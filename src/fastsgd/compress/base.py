@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from fastsgd.options import Option
+from fastsgd.options import Configurable, Option
 
 Payload = dict[str, torch.Tensor]
 
@@ -49,7 +49,7 @@ def payload_bytes(payload: Payload) -> int:
     return sum(t.numel() * t.element_size() for t in payload.values())
 
 
-class Codec(ABC):
+class Codec(Configurable, ABC, section="compression"):
     """Shared behaviour: `encode` is `compress` plus, when `error_feedback` is on, the residual
     of what earlier messages failed to carry (Seide et al. 2014; Karimireddy et al. 2019):
     what is sent plus the new residual equals what was to be sent plus the old residual."""

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from fastsgd.compress.collectives import all_reduce_means, init_all_reduce
-from fastsgd.options import Option, positive
+from fastsgd.options import Configurable, Option, positive
 from fastsgd.strategies.base import Context
 from fastsgd.transport.base import Handle
 
@@ -59,7 +59,7 @@ class _Bucket:
         self.handle, self.pending = None, len(self.params)
 
 
-class AllReduce:
+class AllReduce(Configurable, section="strategy"):
     name = "allreduce"
     OPTIONS = {
         "bucket_mb": Option(float, 25.0, positive, "gradient bucket size in MB"),

@@ -53,6 +53,7 @@ REQUEST, ANSWER = 0, 1  # adpsgd: the first byte of a PAIR message
 
 class SGP(_OnGraph):
     name = "sgp"
+    DRAINS_AT_END = True  # takes in every push still on the wire (ctx.total_steps)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
         "onepeer"), "gamma": Option(float, 0.5, between(0, 1), "push step (lossy codecs only)")}
@@ -137,6 +138,7 @@ class SGP(_OnGraph):
 
 class ADPSGD(_OnGraph):
     name = "adpsgd"
+    DRAINS_AT_END = True  # answers and collects every exchange still out (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "rotate": Option(bool, False, doc="rotate partners (GossipGraD)")}

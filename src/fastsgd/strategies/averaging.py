@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from fastsgd.compress.collectives import init_all_reduce
-from fastsgd.options import Option, at_least, between
+from fastsgd.options import Configurable, Option, at_least, between
 from fastsgd.strategies.allreduce import AllReduce
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, average, flatten, mean_change
@@ -36,7 +36,7 @@ def _open_interval(v: float) -> str | None:
     return None if 0 < v < 1 else "must be in (0, 1)"
 
 
-class _Periodic:
+class _Periodic(Configurable, section="strategy"):
     """Shared shape: no gradient exchange; act on parameters at the end of each period."""
 
     OPTIONS: dict[str, Option] = {"period": Option(int, 8, at_least(1), "steps between rounds")}
@@ -60,6 +60,7 @@ class _Periodic:
 
 class LocalSGD(_Periodic):
     name = "localsgd"
+    DRAINS_AT_END = True  # averages after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
                "warmup": Option(int, 0, at_least(0), "synchronous steps before local SGD")}
 
@@ -87,6 +88,7 @@ class LocalSGD(_Periodic):
 
 class EASGD(_Periodic):
     name = "easgd"
+    DRAINS_AT_END = True  # a round after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
                "alpha": Option(float, 0.1, _open_interval, "elastic force, in (0, 1)")}
 
@@ -114,6 +116,7 @@ class EASGD(_Periodic):
 
 class BMUF(_Periodic):
     name = "bmuf"
+    DRAINS_AT_END = True  # a block update after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
                "block_momentum": Option(float, 0.5, between(0, 0.999)),
                "block_lr": Option(float, 0.5, at_least(0), "1 - block_momentum: unit gain"),

@@ -23,7 +23,7 @@ from fastsgd.compress.base import Compressor
 from fastsgd.compress.collectives import decode_buffer
 from fastsgd.compress.wire import pack
 from fastsgd.errors import UserError
-from fastsgd.options import Option, at_least, between, one_of
+from fastsgd.options import Configurable, Option, at_least, between, one_of
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.topology import TOPOLOGIES, Topology, build_topology
@@ -41,7 +41,7 @@ TOPOLOGY_OPTIONS = {
 }
 
 
-class _OnGraph:
+class _OnGraph(Configurable, section="strategy"):
     """A strategy that talks to the neighbours of a topology built for the world size."""
 
     OPTIONS: dict[str, Option] = TOPOLOGY_OPTIONS

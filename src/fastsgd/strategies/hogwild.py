@@ -11,13 +11,14 @@ from typing import Any
 
 import torch
 
+from fastsgd.options import Configurable
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import flatten
 
 Params = list[torch.nn.Parameter]
 
 
-class Hogwild:
+class Hogwild(Configurable, section="strategy"):
     name = "hogwild"
     CODEC_KINDS = ("exact",)
     OPTIONS: dict = {}

@@ -28,7 +28,7 @@ import torch
 from fastsgd.compress.base import Compressor
 from fastsgd.compress.wire import pack, unpack
 from fastsgd.errors import UserError
-from fastsgd.options import Option, at_least
+from fastsgd.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, flatten
 
@@ -36,8 +36,9 @@ Params = list[torch.nn.Parameter]
 PUSH, FETCH, PARAMS = 31, 32, 33
 
 
-class ParameterServer:
+class ParameterServer(Configurable, section="strategy"):
     name = "ps"
+    DRAINS_AT_END = True  # a final push and fetch, waited for (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {
         "n_push": Option(int, 1, at_least(1), "steps between pushes"),

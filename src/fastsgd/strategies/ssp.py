@@ -20,15 +20,16 @@ from typing import Any
 import torch
 
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
-from fastsgd.options import Option, at_least
+from fastsgd.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.transport.base import Done, Handle
 
 Params = list[torch.nn.Parameter]
 
 
-class StaleSynchronous:
+class StaleSynchronous(Configurable, section="strategy"):
     name = "ssp"
+    DRAINS_AT_END = True  # applies every all-reduce still in flight (ctx.last_step)
     OPTIONS = {"staleness": Option(int, 2, at_least(0), "steps a peer's gradient may lag")}
 
     def __init__(self, staleness: int = 2):

@@ -16,14 +16,14 @@ import torch
 
 from fastsgd.compress.collectives import decode_buffer
 from fastsgd.compress.wire import pack
-from fastsgd.options import Option, at_least
+from fastsgd.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, flatten
 
 Params = list[torch.nn.Parameter]
 
 
-class Tournament:
+class Tournament(Configurable, section="strategy"):
     name = "ltfb"
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds")}

@@ -1,0 +1,54 @@
+"""Every type error shows the value the user gave: in the API, the TOML file and the CLI."""
+
+import pytest
+
+import fastsgd as fs
+from fastsgd import config as cfg
+from fastsgd.errors import ConfigError
+from fastsgd.options import Option
+
+
+@pytest.mark.parametrize("kind, value, shown", [
+    (int, "four", "got 'four' (str)"),
+    (int, 2.5, "got 2.5 (float)"),
+    (int, True, "got True (bool)"),
+    (float, "two", "got 'two' (str)"),
+    (float, None, "got None (NoneType)"),
+    (str, 3, "got 3 (int)"),
+    (bool, "yes", "got 'yes' (str)"),
+    (bool, 1, "got 1 (int)"),
+    (list, 3, "got 3 (int)"),
+    (list, "1,1,3", "got '1,1,3' (str)"),
+])
+def test_type_errors_show_the_given_value(kind, value, shown):
+    with pytest.raises(ConfigError) as err:
+        Option(kind, kind()).validate("sec.key", value)
+    assert str(err.value) == f"sec.key must be of type {kind.__name__}, {shown}"
+
+
+def test_range_errors_show_the_given_value():
+    with pytest.raises(ConfigError, match=r"run.epochs must be > 0, got -2$"):
+        cfg.load(None, ["run.epochs=-2"])
+
+
+@pytest.mark.parametrize("override, shown", [
+    ("run.workers=four", "run.workers must be of type int, got 'four'"),
+    ("run.epochs=two", "run.epochs must be of type float, got 'two'"),
+    ("run.slowdown=3", "run.slowdown must be of type list, got 3"),
+])
+def test_cli_overrides(override, shown):
+    with pytest.raises(ConfigError, match=shown):
+        cfg.load(None, [override])
+
+
+def test_toml_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[run]\nworkers = "2"\n')
+    with pytest.raises(ConfigError, match=r"run.workers must be of type int, got '2' \(str\)"):
+        cfg.load(path)
+
+
+def test_api(synthetic):
+    job = fs.Job(model="mlp", data=synthetic, quiet=True, options={"run.steps": 1})
+    with pytest.raises(ConfigError, match=r"run.workers must be of type int, got '2' \(str\)"):
+        job.run(workers="2")
