@@ -8,8 +8,19 @@ import pickle
 import pytest
 import torch
 
+from fastsgd import topology
 from fastsgd.errors import UserError
-from fastsgd.topology import TOPOLOGIES, Topology, build_topology, describe, draw
+from fastsgd.topology import (
+    CLI_KEYS,
+    TOPOLOGIES,
+    Topology,
+    build_topology,
+    cli_key,
+    config_key,
+    describe,
+    draw,
+    parse_edges,
+)
 
 
 def nbrs(t: Topology, step: int = 0) -> list[set[int]]:
@@ -195,6 +206,98 @@ def test_other_errors():
         build_topology("hypercube", 6)
     with pytest.raises(UserError, match="at least 1 worker"):
         build_topology("ring", 0)
+
+
+def test_config_keys_are_the_default():
+    assert config_key("graph_seed") == "strategy.graph_seed"
+    with pytest.raises(UserError, match="strategy.rows = 3 does not divide 8 workers"):
+        build_topology("torus", 8, rows=3)
+    with pytest.raises(UserError, match=r"set strategy.edges = \[\[a, b\], \.\.\.\]"):
+        build_topology("custom", 4)
+    with pytest.raises(UserError, match=r"\(strategy.degree, strategy.graph_seed\)"):
+        _unlucky_random(config_key)
+
+
+def _unlucky_random(keys: topology.Keys) -> None:
+    """A random graph whose every draw of stubs fails."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(topology, "_pair_stubs", lambda *_: None)
+        build_topology("random", 8, degree=3, keys=keys)
+
+
+def test_cli_key_names_every_option():
+    assert set(CLI_KEYS) == {"topology", "weights", "rows", "cols", "degree", "graph_seed",
+                             "edges"}
+    assert [cli_key(k) for k in ("topology", "graph_seed", "rows")] == ["NAME", "--seed", "--rows"]
+
+
+@pytest.mark.parametrize("name, n, kw, words", [
+    ("torus", 7, {}, ["(--rows, --cols)", "6 or 8 workers", "ring (NAME)"]),
+    ("torus", 8, {"rows": 3}, ["torus: --rows 3 does not divide 8 workers"]),
+    ("torus", 8, {"cols": 3}, ["--cols 3"]),
+    ("torus", 8, {"rows": 2, "cols": 3}, ["--rows x --cols = 2 x 3 = 6"]),
+    ("torus", 8, {"rows": 1, "cols": 8}, ["--rows x --cols = 1 x 8", "ring (NAME)"]),
+    ("random", 5, {"degree": 3}, ["random: --degree 3 does not"]),
+    ("custom", 4, {}, ["set --edges 0-1,1-2,..."]),
+    ("custom", 4, {"edges": [[0, 1], [1, 5]]}, ["--edges item 1-5 must be a-b", "0..3"]),
+    ("custom", 4, {"edges": [[0, 1], [2, 2]]}, ["--edges item 2-2"]),
+    ("custom", 4, {"edges": [[0, 1], [2, 3]]}, ["--edges do not connect all 4 workers"]),
+    ("mesh", 4, {}, ["unknown topology 'mesh' (NAME)"]),
+    ("hypercube", 6, {}, ["(NAME)", "n = 6"]),
+    ("ring", 4, {"weighting": "max"}, ["'max' (--weights)"]),
+    ("onepeer", 4, {"weighting": "metropolis"}, ["--weights metropolis needs an undirected",
+                                                 "use --weights uniform"]),
+])
+def test_cli_keys_in_errors(name, n, kw, words):
+    with pytest.raises(UserError) as e:
+        build_topology(name, n, keys=cli_key, **kw)
+    text = str(e.value)
+    assert all(w in text for w in words), text
+    assert "strategy." not in text and "\n" not in text
+
+
+def test_cli_keys_random_retries_name_seed():
+    with pytest.raises(UserError, match=r"\(--degree, --seed\)"):
+        _unlucky_random(cli_key)
+
+
+def test_keys_can_be_any_callable():
+    with pytest.raises(UserError, match=r"\[gossip\]\.rows = 3"):
+        build_topology("torus", 8, rows=3, keys=lambda k: f"[gossip].{k}")
+
+
+@pytest.mark.parametrize("text, edges", [
+    ("0-1,1-2,2-3,3-0", [[0, 1], [1, 2], [2, 3], [3, 0]]),
+    (" 0 - 1 , 1-2 ", [[0, 1], [1, 2]]),
+    ("5-5", [[5, 5]]),  # parsed; build_topology rejects the self loop
+    ("10-200", [[10, 200]]),
+])
+def test_parse_edges(text, edges):
+    assert parse_edges(text) == edges
+
+
+@pytest.mark.parametrize("text, item", [
+    ("0-x", "'0-x'"), ("1", "'1'"), ("-", "'-'"), ("0-1,", "''"), ("0-1,,1-2", "''"),
+    ("-1-2", "'-1-2'"), ("0-1-2", "'0-1-2'"), ("0:1", "'0:1'"), ("0-1.5", "'0-1.5'"),
+])
+def test_parse_edges_errors_name_the_item(text, item):
+    with pytest.raises(UserError) as e:
+        parse_edges(text)
+    assert f"--edges: bad item {item}" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["", "   "])
+def test_parse_edges_empty(text):
+    with pytest.raises(UserError, match="--edges is empty"):
+        parse_edges(text)
+
+
+def test_custom_from_parsed_edges():
+    t = build_topology("custom", 4, edges=parse_edges("0-1, 1-2, 2-3, 3-0"), keys=cli_key)
+    assert nbrs(t) == [{1, 3}, {0, 2}, {1, 3}, {0, 2}] and t.is_doubly_stochastic()
+    assert t == build_topology("custom", 4, edges=[[0, 1], [1, 2], [2, 3], [3, 0]])
+    with pytest.raises(UserError, match="--edges item 3-4"):
+        build_topology("custom", 4, edges=parse_edges("0-1,1-2,2-3,3-4"), keys=cli_key)
 
 
 def test_topology_is_picklable():

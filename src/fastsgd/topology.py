@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import random
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -20,6 +22,29 @@ TOPOLOGIES = ("complete", "star", "ring", "torus", "hypercube", "exponential", "
               "custom")
 WEIGHTINGS = ("uniform", "metropolis")
 Graph = tuple[tuple[int, ...], ...]  # out-neighbours of each rank, sorted
+Keys = Callable[[str], str]  # option name ("rows", "graph_seed", ...) -> what the user typed
+CLI_KEYS = {"topology": "NAME", "weights": "--weights", "rows": "--rows", "cols": "--cols",
+            "degree": "--degree", "graph_seed": "--seed", "edges": "--edges"}
+
+
+def config_key(name: str) -> str:
+    """How the config file spells option `name` (TOPOLOGY_OPTIONS): strategy.rows, ..."""
+    return f"strategy.{name}"
+
+
+def cli_key(name: str) -> str:
+    """How `fastsgd topology` spells option `name`: --rows, --seed, NAME (the positional)."""
+    return CLI_KEYS.get(name, name)
+
+
+def _is(key: str, value: object) -> str:
+    """A setting as the user writes it: `--rows 3` (a flag), `ring (NAME)` (a positional),
+    `strategy.rows = 3` or `strategy.weights = "uniform"` (a config key)."""
+    if key.startswith("-"):
+        return f"{key} {value}"
+    if key.isupper():
+        return f"{value} ({key})"
+    return f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value}"
 
 
 @dataclass(frozen=True)
@@ -36,13 +61,8 @@ class Topology:
     _ins: tuple[Graph, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.weighting not in WEIGHTINGS:
-            raise UserError(f"unknown mixing weights {self.weighting!r} (strategy.weights); "
-                            f"choose one of: {', '.join(WEIGHTINGS)}")
+        _check_weighting(self.name, self.weighting, self.graphs, config_key)
         object.__setattr__(self, "_ins", tuple(_invert(g) for g in self.graphs))
-        if self.weighting == "metropolis" and self.directed:
-            raise UserError(f'strategy.weights = "metropolis" needs an undirected graph, but '
-                            f"topology '{self.name}' is directed; use weights = \"uniform\"")
 
     @property
     def directed(self) -> bool:
@@ -106,6 +126,16 @@ class Topology:
         return 1.0 - self.second_eigenvalue(step)
 
 
+def _check_weighting(name: str, weighting: str, graphs: tuple[Graph, ...], keys: Keys) -> None:
+    key = keys("weights")
+    if weighting not in WEIGHTINGS:
+        raise UserError(f"unknown mixing weights {weighting!r} ({key}); "
+                        f"choose one of: {', '.join(WEIGHTINGS)}")
+    if weighting == "metropolis" and any(_invert(g) != g for g in graphs):
+        raise UserError(f"{_is(key, 'metropolis')} needs an undirected graph, but topology "
+                        f"'{name}' is directed; use {_is(key, 'uniform')}")
+
+
 def _invert(g: Graph) -> Graph:
     ins: list[list[int]] = [[] for _ in g]
     for i, outs in enumerate(g):
@@ -131,15 +161,16 @@ def _connected(g: Graph) -> bool:
     return len(seen) == len(g)
 
 
-def _torus_shape(n: int, rows: int, cols: int) -> tuple[int, int]:
+def _torus_shape(n: int, rows: int, cols: int, keys: Keys) -> tuple[int, int]:
     """rows x cols for the 2D torus (Viviani et al. 2019); infer the most square grid if unset."""
+    both = f"{keys('rows')} x {keys('cols')}"
     if rows and cols and rows * cols != n:
-        raise UserError(f"torus: strategy.rows x strategy.cols = {rows} x {cols} = "
-                        f"{rows * cols}, but there are {n} workers")
+        raise UserError(f"torus: {both} = {rows} x {cols} = {rows * cols}, but there are "
+                        f"{n} workers")
     if bool(rows) != bool(cols):
-        key, side = ("strategy.rows", rows) if rows else ("strategy.cols", cols)
+        key, side = (keys("rows"), rows) if rows else (keys("cols"), cols)
         if n % side:
-            raise UserError(f"torus: {key} = {side} does not divide {n} workers")
+            raise UserError(f"torus: {_is(key, side)} does not divide {n} workers")
         rows, cols = (rows, n // rows) if rows else (n // cols, cols)
     elif not rows:
         fits = lambda m: [r for r in range(2, math.isqrt(m) + 1) if m % r == 0]  # noqa: E731
@@ -148,13 +179,13 @@ def _torus_shape(n: int, rows: int, cols: int) -> tuple[int, int]:
             high = next(m for m in count(n + 1) if fits(m))
             eg = f"{low} or {high}" if low else str(high)
             raise UserError(f"torus: {n} workers do not fit a rows x cols grid with both sides "
-                            f">= 2 (strategy.rows, strategy.cols); choose e.g. {eg} workers, "
-                            'or topology = "ring"')
+                            f">= 2 ({keys('rows')}, {keys('cols')}); choose e.g. {eg} workers, "
+                            f"or {_is(keys('topology'), 'ring')}")
         rows = fits(n)[-1]
         cols = n // rows
     if min(rows, cols) < 2:
-        raise UserError(f"torus: strategy.rows x strategy.cols = {rows} x {cols} needs both "
-                        'sides >= 2; use topology = "ring" for a single row')
+        raise UserError(f"torus: {both} = {rows} x {cols} needs both sides >= 2; use "
+                        f"{_is(keys('topology'), 'ring')} for a single row")
     return rows, cols
 
 
@@ -165,14 +196,14 @@ def _torus(rows: int, cols: int) -> list[tuple[int, int]]:
     return [(at(r, c), at(r + dr, c + dc)) for r, c in cells for dr, dc in ((1, 0), (0, 1))]
 
 
-def _random_regular(n: int, degree: int, seed: int) -> Graph:
+def _random_regular(n: int, degree: int, seed: int, keys: Keys) -> Graph:
     """A simple connected `degree`-regular graph: random pairing of stubs, retried until simple
     and connected (Steger & Wormald 1999); degree 2 is a random Hamiltonian cycle."""
     if degree == 0:
         degree = min(4, n - 1) - (n * min(4, n - 1)) % 2
     if degree < 0 or degree >= n or n * degree % 2 or (degree == 1 and n > 2):
-        raise UserError(f"random: strategy.degree = {degree} does not give a connected regular "
-                        f"graph on {n} workers; need 1 <= degree < n, n x degree even, and "
+        raise UserError(f"random: {_is(keys('degree'), degree)} does not give a connected "
+                        f"regular graph on {n} workers; need 1 <= degree < n, n x degree even, and "
                         "degree >= 2 beyond 2 workers (0 = automatic)")
     rng = random.Random(seed)
     if degree == 2:
@@ -183,7 +214,7 @@ def _random_regular(n: int, degree: int, seed: int) -> Graph:
         if g is not None and _connected(g):
             return g
     raise UserError(f"random: could not draw a connected {degree}-regular graph on {n} workers "
-                    "(strategy.degree, strategy.graph_seed)")
+                    f"({keys('degree')}, {keys('graph_seed')})")
 
 
 def _pair_stubs(n: int, degree: int, rng: random.Random) -> Graph | None:
@@ -203,23 +234,47 @@ def _pair_stubs(n: int, degree: int, rng: random.Random) -> Graph | None:
     return tuple(tuple(sorted(s)) for s in adj)
 
 
-def _custom(n: int, edges: list[list[int]] | None) -> Graph:
+def _custom(n: int, edges: list[list[int]] | None, keys: Keys) -> Graph:
     """An undirected graph from an edge list [[a, b], ...]; it must be connected."""
+    key = keys("edges")
+    flag = key.startswith("-")  # the command line writes edges as 0-1,1-2 (parse_edges)
     if edges is None:
-        raise UserError("custom: set strategy.edges = [[a, b], ...] (undirected edges)")
+        how = f"{key} 0-1,1-2,..." if flag else f"{key} = [[a, b], ...]"
+        raise UserError(f"custom: set {how} (undirected edges)")
     for k, e in enumerate(edges):
         ok = isinstance(e, (list, tuple)) and len(e) == 2
         if not ok or not all(type(x) is int and 0 <= x < n for x in e) or e[0] == e[1]:
-            raise UserError(f"custom: strategy.edges[{k}] = {e!r} must be [a, b] with two "
-                            f"different ranks in 0..{n - 1}")
+            item = f"{key} item {_dashed(e)}" if flag else f"{key}[{k}] = {e!r}"
+            form = "a-b" if flag else "[a, b]"
+            raise UserError(f"custom: {item} must be {form} with two different ranks in "
+                            f"0..{n - 1}")
     g = _undirected(n, edges)
     if not _connected(g):
-        raise UserError(f"custom: strategy.edges do not connect all {n} workers")
+        raise UserError(f"custom: {key} do not connect all {n} workers")
     return g
 
 
+def _dashed(edge: object) -> str:
+    """An edge as the command line writes it: [0, 5] -> 0-5."""
+    return "-".join(map(str, edge)) if isinstance(edge, (list, tuple)) else repr(edge)
+
+
+def parse_edges(text: str) -> list[list[int]]:
+    """The command line's edge list "0-1,1-2,2-3" (spaces allowed) as [[0, 1], [1, 2], [2, 3]]."""
+    key, eg = CLI_KEYS["edges"], "write undirected edges a-b between ranks, e.g. 0-1,1-2,2-0"
+    if not text.strip():
+        raise UserError(f"{key} is empty; {eg}")
+    edges = []
+    for item in text.split(","):
+        m = re.fullmatch(r"\s*([0-9]+)\s*-\s*([0-9]+)\s*", item)
+        if m is None:
+            raise UserError(f"{key}: bad item {item.strip()!r} in {text!r}; {eg}")
+        edges.append([int(m[1]), int(m[2])])
+    return edges
+
+
 def _graphs(name: str, n: int, shape: tuple[int, int], degree: int, seed: int,
-            edges: list[list[int]] | None) -> tuple[Graph, ...]:
+            edges: list[list[int]] | None, keys: Keys) -> tuple[Graph, ...]:
     powers = [1 << k for k in range(max(1, (n - 1).bit_length())) if 1 << k < n]
     undirected = {
         "complete": lambda: [(i, j) for i in range(n) for j in range(i)],
@@ -230,28 +285,30 @@ def _graphs(name: str, n: int, shape: tuple[int, int], degree: int, seed: int,
         "exponential": lambda: [(i, (i + p) % n) for i in range(n) for p in powers],
     }
     if name == "hypercube" and n & (n - 1):
-        raise UserError(f"topology = \"hypercube\" (strategy.topology) needs a power-of-two "
+        raise UserError(f"topology = \"hypercube\" ({keys('topology')}) needs a power-of-two "
                         f"number of workers, got n = {n}")
     if name in undirected:
         return (_undirected(n, undirected[name]()),)
     if name == "onepeer":
         return tuple(tuple(tuple({(i + p) % n} - {i}) for i in range(n)) for p in powers or [0])
     if name == "random":
-        return (_random_regular(n, degree, seed),)
-    return (_custom(n, edges),)
+        return (_random_regular(n, degree, seed, keys),)
+    return (_custom(n, edges, keys),)
 
 
 def build_topology(name: str, n: int, *, rows: int = 0, cols: int = 0, degree: int = 0,
                    seed: int = 0, edges: list[list[int]] | None = None,
-                   weighting: str = "uniform") -> Topology:
-    """The named topology on n workers with uniform or Metropolis-Hastings mixing weights."""
+                   weighting: str = "uniform", keys: Keys = config_key) -> Topology:
+    """The named topology on n workers with uniform or Metropolis-Hastings mixing weights.
+    Errors name each setting as `keys(option)` does: config_key (strategy.rows) or cli_key."""
     if name not in TOPOLOGIES:
-        raise UserError(f"unknown topology {name!r} (strategy.topology); "
+        raise UserError(f"unknown topology {name!r} ({keys('topology')}); "
                         f"choose one of: {', '.join(TOPOLOGIES)}")
     if not isinstance(n, int) or n < 1:
         raise UserError(f"topology '{name}' needs at least 1 worker, got n = {n!r}")
-    shape = _torus_shape(n, rows, cols) if name == "torus" else (0, 0)
-    graphs = _graphs(name, n, shape, degree, seed, edges)
+    shape = _torus_shape(n, rows, cols, keys) if name == "torus" else (0, 0)
+    graphs = _graphs(name, n, shape, degree, seed, edges, keys)
+    _check_weighting(name, weighting, graphs, keys)
     return Topology(name, n, weighting, graphs, rows=shape[0], cols=shape[1])
 
 
