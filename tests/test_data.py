@@ -178,6 +178,30 @@ def test_shard_epoch_permutation_is_seeded() -> None:
     )
 
 
+def test_iterating_a_shard_walks_consecutive_epochs() -> None:
+    x, y = _toy(100)
+    shard = Shard(x, y, batch_size=8, rank=1, world_size=3, seed=2)
+    same = Shard(x, y, batch_size=8, rank=1, world_size=3, seed=2)
+    assert len(shard) == shard.steps_per_epoch == 4
+    for epoch in range(3):
+        batches = list(shard)
+        assert len(batches) == 4
+        for i, (bx, by) in enumerate(batches):
+            ex, ey = same.batch(epoch * 4 + i)
+            assert torch.equal(bx, ex) and torch.equal(by, ey)
+
+
+def test_each_iter_call_takes_the_next_epoch_and_epoch_can_be_set() -> None:
+    x, y = _toy(100)
+    shard = Shard(x, y, batch_size=10, rank=0, world_size=1, seed=0)
+    first, second = iter(shard), iter(shard)  # epochs 0 and 1, even before either starts
+    assert torch.equal(next(second)[1], shard.batch(10)[1])
+    assert torch.equal(next(first)[1], shard.batch(0)[1])
+    shard.epoch = 5  # resume mid-run
+    assert torch.equal(next(iter(shard))[1], shard.batch(50)[1])
+    assert shard.epoch == 6
+
+
 def test_steps_per_epoch_and_errors() -> None:
     x, y = _toy(100)
     assert Shard(x, y, batch_size=8, rank=1, world_size=3, seed=0).steps_per_epoch == 4

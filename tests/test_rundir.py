@@ -67,3 +67,55 @@ def test_nan_loss_is_a_clear_error(synthetic, tmp_path):
                  options={"run.steps": 30, "optimizer.lr": 1e6, "run.out": str(tmp_path)})
     with pytest.raises(fs.UserError, match=r"loss is (nan|inf) at step \d+ on worker \d"):
         job.simulate(workers=2)
+
+
+def test_environment_is_recorded(run):
+    env = json.loads((run.run_dir / "environment.json").read_text())
+    assert env["fastsgd"] == fs.__version__ and env["torch"] == torch.__version__
+    assert env["backend"] == "simulated" and len(env["hosts"]) == 1
+    assert {"python", "fastsgd_git_commit", "cwd_git_commit", "command"} <= set(env)
+
+
+def test_evaluation_is_not_training_time(run):
+    s = json.loads((run.run_dir / "summary.json").read_text())
+    assert s["evaluations"] == 4 and s["eval_time"] > 0
+    assert s["time_to_target"] <= s["simulated_time"]
+    assert all(e["time"] <= s["simulated_time"] for e in run.evals())
+
+
+def _simulate(*args, capsys):
+    from fastsgd.cli import main
+
+    code = main(["simulate", "--quiet", *args])
+    out = capsys.readouterr().out
+    assert code == 0
+    return out.rsplit("run directory  ", 1)[1].strip()
+
+
+def test_a_rerun_never_overwrites_a_run(tmp_path, capsys):
+    options = ["--set", "data.name=synthetic", "--set", "model.name=mlp",
+               "--set", "run.steps=3", "--set", "run.workers=2"]
+    first = _simulate(*options, "--set", f"run.out={tmp_path / 'a'}", capsys=capsys)
+    assert first == str(tmp_path / "a")
+    before = (tmp_path / "a" / "metrics.jsonl").read_text()
+    assert _simulate(f"{first}/config.toml", capsys=capsys) == f"{first}-2"
+    assert _simulate(f"{first}/config.toml", capsys=capsys) == f"{first}-3"
+    assert (tmp_path / "a" / "metrics.jsonl").read_text() == before
+    # asked for: the same folder, the old run's files replaced
+    assert _simulate(f"{first}/config.toml", "--overwrite", capsys=capsys) == first
+    assert _simulate(f"{first}/config.toml", "--set", f"run.out={first}",
+                     capsys=capsys) == first
+    rows = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 3 * 2
+
+
+def test_default_folder_is_strategy_and_time_and_never_reused(tmp_path):
+    from fastsgd.rundir import claim, default_out
+
+    name = default_out("dpsgd", when=0)
+    assert name.startswith("runs/dpsgd-19") or name.startswith("runs/dpsgd-1970")
+    out = str(tmp_path / "runs" / "dpsgd-x")
+    first = claim(out, reuse=False)
+    (first / "config.toml").write_text("")
+    assert claim(out, reuse=False).name == "dpsgd-x-2"
+    assert claim(out, reuse=True) == first and not (first / "config.toml").exists()

@@ -11,24 +11,32 @@ USAGE_EXAMPLES = """examples:
   fastsgd demo
   fastsgd run --set run.workers=2 --set model.name=mlp
   fastsgd simulate my.toml --set run.workers=64 --set network.bandwidth=100Mbit
+  fastsgd run runs/allreduce-20261126-101500/config.toml     repeat a run (in a new folder)
+  fastsgd keys                                               every config key
 """
+KEYS_HINT = "every section and key, with defaults: fastsgd keys"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastsgd", epilog=USAGE_EXAMPLES, formatter_class=argparse.RawTextHelpFormatter,
         description="FAST: Flexible (A)synchronous Scalable Training")
+    parser.add_argument("--version", action="version", version=f"fastsgd {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     helps = {"run": "train on real worker processes (torch.distributed)",
              "simulate": "train on a simulated cluster (virtual clock and network)",
              "demo": "LeNet on Fashion-MNIST, 4 worker processes, synchronous all-reduce"}
     for name, text in helps.items():
-        p = sub.add_parser(name, help=text, description=text)
+        p = sub.add_parser(name, help=text, description=text, epilog=KEYS_HINT)
         if name != "demo":
             p.add_argument("config", nargs="?", help="TOML file (default: the demo's settings)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one key, e.g. --set run.workers=8 (repeatable)")
+        p.add_argument("--overwrite", action="store_true",
+                       help="write into run.out even if it holds a run (default: a new folder)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+    text = "list every config section and key: type, default, meaning"
+    sub.add_parser("keys", help=text, description=text)
     _topology_parser(sub)
     return parser
 
@@ -44,20 +52,29 @@ def _topology_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cols", type=int, default=0)
     p.add_argument("--degree", type=int, default=0, help="random graphs")
     p.add_argument("--seed", type=int, default=0, help="random graphs")
+    p.add_argument("--edges", default=None, help="custom graphs: undirected edges, e.g. 0-1,1-2")
     p.add_argument("--step", type=int, default=0, help="time-varying graphs: which step")
     p.add_argument("--png", default=None, help="drawing (default: topology-NAME-N.png)")
 
 
 def _show_topology(args: argparse.Namespace) -> int:
-    from fastsgd.topology import build_topology, describe, draw
+    from fastsgd.topology import build_topology, cli_key, describe, draw, parse_edges
 
+    edges = parse_edges(args.edges) if args.edges is not None else None
     topo = build_topology(args.name, args.workers, rows=args.rows, cols=args.cols,
-                          degree=args.degree, seed=args.seed, weighting=args.weights)
+                          degree=args.degree, seed=args.seed, edges=edges,
+                          weighting=args.weights, keys=cli_key)
     print(describe(topo, args.step))
     png = args.png or f"topology-{args.name}-{args.workers}.png"
     draw(topo, png, args.step)
     print(f"drawing: {png}")
     return 0
+
+
+def _version() -> str:
+    from fastsgd import __version__
+
+    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,8 +96,17 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "topology":
         return _show_topology(args)
-    config = cfg.load(getattr(args, "config", None), args.set)
-    job = Job(config=config, quiet=args.quiet)
+    if args.command == "keys":
+        from fastsgd.compress import CODECS
+        from fastsgd.strategies import STRATEGIES
+
+        print(cfg.describe_keys(STRATEGIES, CODECS))
+        return 0
+    path = getattr(args, "config", None)
+    _check_set_items(args.set, path)
+    job = Job(config=path, options=cfg.parse_overrides(args.set), quiet=args.quiet,
+              overwrite=args.overwrite)
+    config = job.config
     if args.command == "demo":
         print(f"fastsgd demo: {config['model']['name']} on {config['data']['name']}, "
               f"{config['run']['workers']} worker processes, {config['strategy']['name']}",
@@ -89,6 +115,17 @@ def _dispatch(args: argparse.Namespace) -> int:
     if result.summary is not None:
         print(text_report(result.run_dir))
     return 0
+
+
+def _check_set_items(items: list[str], path: str | None) -> None:
+    """`--set run.workers 4` leaves the 4 where the config file goes: say the right form."""
+    from fastsgd.errors import ConfigError
+
+    for item in items:
+        if "=" not in item:
+            value = path if path is not None else "VALUE"
+            raise ConfigError(f"--set {item}: write KEY=VALUE as one word, "
+                              f"e.g. --set {item}={value}")
 
 
 if __name__ == "__main__":

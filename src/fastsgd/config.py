@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fastsgd.errors import ConfigError
+from fastsgd.objects import is_import_path
 from fastsgd.options import Option, at_least, between, one_of, positive, validate_section
 
 try:
@@ -21,6 +22,11 @@ except ModuleNotFoundError:  # Python 3.10
 def _slowdowns(values: list) -> str | None:
     ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1 for v in values)
     return None if ok else "must be a list of numbers >= 1 (one factor per worker rank)"
+
+
+def _optimizer_name(name: str) -> str | None:
+    return None if name in ("sgd", "adam") or is_import_path(name) else \
+        "must be sgd, adam or an import path module:Class"
 
 
 # The defaults are the demo: LeNet on Fashion-MNIST, 4 workers, synchronous all-reduce,
@@ -46,9 +52,16 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "path": Option(str, "", doc="folder of IDX files (fashion_mnist, idx)"),
         "batch_size": Option(int, 32, at_least(1), "per worker"),
     },
-    "model": {"name": Option(str, "lenet", doc="mlp | lenet | resnet20")},
+    "model": {
+        "name": Option(str, "lenet", doc="mlp | lenet | resnet20 | module:Name (no arguments)"),
+        "step": Option(str, "cross_entropy",
+                       doc="loss of a batch: cross_entropy | module:function(model, batch)"),
+        "evaluate": Option(str, "accuracy", doc="test metrics: accuracy | "
+                           "module:function(model, dataset, device) -> (accuracy, loss)"),
+    },
     "optimizer": {
-        "name": Option(str, "sgd", one_of(("sgd", "adam")), "sgd | adam"),
+        "name": Option(str, "sgd", _optimizer_name,
+                       "sgd | adam | module:Class (other keys: its keyword arguments)"),
         "lr": Option(float, 0.05, positive),
         "momentum": Option(float, 0.9, between(0, 1)),
         "weight_decay": Option(float, 0.0, at_least(0)),
@@ -77,16 +90,22 @@ def defaults() -> dict[str, dict[str, Any]]:
 
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     """Read a TOML file (or start from the defaults), apply `key=value` overrides, validate."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        raw = read_toml(Path(path))
-    for item in overrides:
-        key, value = parse_override(item)
+    raw: dict[str, Any] = read_toml(Path(path)) if path is not None else {}
+    for key, value in parse_overrides(overrides).items():
         section, _, name = key.partition(".")
-        if not name:
-            raise ConfigError(f"--set {item}: the key must be section.name, e.g. run.workers")
         raw.setdefault(section, {})[name] = value
     return validate(raw)
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`--set` items as {"section.key": value}."""
+    out = {}
+    for item in items:
+        key, value = parse_override(item)
+        if not key.partition(".")[2]:
+            raise ConfigError(f"--set {item}: the key must be section.name, e.g. run.workers")
+        out[key] = value
+    return out
 
 
 def read_toml(path: Path) -> dict:
@@ -103,7 +122,8 @@ def parse_override(item: str) -> tuple[str, Any]:
     """`a.b=1` -> ('a.b', 1). The value is read as TOML, else taken as a plain string."""
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"--set {item!r}: expected key=value")
+        raise ConfigError(f"--set {item}: expected KEY=VALUE in one word, e.g. "
+                          f"--set {key.strip() or 'run.workers'}=4")
     try:
         value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
@@ -122,6 +142,9 @@ def validate(raw: dict) -> dict:
         if not isinstance(values, dict):
             raise ConfigError(f"[{section}] must be a table of key = value")
         ignore = set(values) - set(schema) if section in OPEN_SECTIONS else ()
+        if section == "optimizer" and is_import_path(values.get("name")):
+            ignore = set(values) - {"name"}  # the class's keyword arguments, checked by it
+            schema = {"name": schema["name"]}
         config[section] = validate_section(section, values, schema, ignore)
     from fastsgd.compress import validate_options as check_codec
     from fastsgd.strategies import validate_options as check_strategy
@@ -158,3 +181,25 @@ def _toml_value(v: Any) -> str:
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     s = str(v).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{s}"'
+
+
+def describe_keys(strategies: Any, codecs: Any) -> str:
+    """Every section and key with its type, default and meaning (`fastsgd keys`), and the
+    options of each strategy and codec."""
+    lines = []
+    for section, schema in SCHEMA.items():
+        lines.append(f"[{section}]")
+        lines += [_key_line(k, o) for k, o in schema.items()]
+        if section in OPEN_SECTIONS:
+            registry = strategies if section == "strategy" else codecs
+            for name in registry:
+                options = registry.get(name).OPTIONS
+                lines.append(f"  name = \"{name}\"" + ("" if options else ": no options"))
+                lines += ["  " + _key_line(k, o) for k, o in options.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _key_line(key: str, option: Option) -> str:
+    default = _toml_value(option.default)
+    return f"  {key:<16} {option.type.__name__:<5} {default:<16} {option.doc}".rstrip()

@@ -6,7 +6,7 @@ import gzip
 import math
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +16,7 @@ from torch import Tensor
 from fastsgd.errors import UserError
 
 DATASETS = ("digits", "fashion_mnist", "idx", "synthetic")
+SEEDED_DATASETS = ("digits", "synthetic")  # their split or content depends on the seed
 FASHION_MNIST_PATH = "/usr/share/datasets/fashion-mnist"
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -77,6 +78,8 @@ class Dataset:
     test_x: Tensor
     test_y: Tensor
     num_classes: int
+    # (name, path, seed) when made by load_dataset: how a run's config.toml can rebuild it
+    source: tuple[str, str, int] | None = field(default=None, compare=False)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -201,14 +204,10 @@ def _load_synthetic(seed: int, n_train: int = 2048, n_test: int = 512) -> Datase
 
 def load_dataset(name: str, path: str | None = None, seed: int = 0) -> Dataset:
     """Load dataset `name` (one of DATASETS); `path` is the IDX folder where relevant."""
-    if name == "fashion_mnist":
-        return _load_fashion_mnist(path)
-    if name == "idx":
-        return _load_idx(path)
-    if name == "digits":
-        return _load_digits(seed)
-    if name == "synthetic":
-        return _load_synthetic(seed)
+    loaders = {"fashion_mnist": lambda: _load_fashion_mnist(path), "idx": lambda: _load_idx(path),
+               "digits": lambda: _load_digits(seed), "synthetic": lambda: _load_synthetic(seed)}
+    if name in loaders:
+        return replace(loaders[name](), source=(name, path or "", seed))
     raise UserError(f"unknown dataset {name!r} (data.name); choose one of: {', '.join(DATASETS)}")
 
 
@@ -218,6 +217,9 @@ class Shard:
     Epoch e permutes the whole train set with seed + e and cuts it into global batches of
     batch_size * world_size samples (the incomplete last one is dropped); worker `rank` gets
     the slice [rank * batch_size:(rank + 1) * batch_size] of each global batch.
+
+    Iterating yields one epoch of batches, `batch(k)` for each of its global steps k; each
+    new `iter(shard)` starts the next epoch (0, 1, 2...; set `epoch` to resume elsewhere).
     """
 
     def __init__(
@@ -239,11 +241,21 @@ class Shard:
             )
         self._epoch = -1
         self._perm = torch.empty(0, dtype=torch.long)
+        self.epoch = 0  # the epoch the next iter(shard) yields
 
     @property
     def steps_per_epoch(self) -> int:
         """Number of global batches in one epoch."""
         return self._steps
+
+    def __len__(self) -> int:
+        return self._steps
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """This worker's batches of one epoch, in order; the next iteration gets the next."""
+        first = self.epoch * self._steps
+        self.epoch += 1  # now, not when the generator starts: two iter() calls never share
+        return (self.batch(k) for k in range(first, first + self._steps))
 
     def _permutation(self, epoch: int) -> Tensor:
         """The permutation of the train set for `epoch` (cached for the current epoch)."""

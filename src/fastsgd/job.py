@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,20 +11,29 @@ from typing import Any
 import torch
 
 from fastsgd import config as cfg
+from fastsgd.components import (
+    OptimizerFn,
+    function_from_config,
+    model_argument,
+    model_factory,
+    optimizer_from_config,
+    record,
+)
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.data import Dataset, load_dataset
-from fastsgd.errors import UserError
+from fastsgd.errors import ConfigError, UserError
 from fastsgd.launch import launch
 from fastsgd.metrics import read_jsonl
 from fastsgd.models import build_model
+from fastsgd.objects import is_import_path, resolve
+from fastsgd.rundir import agree, claim, default_out
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
 from fastsgd.transport.sim import Network, simulate
 from fastsgd.transport.torch_dist import TorchTransport
-from fastsgd.worker import EvalFn, Plan, StepFn, cross_entropy_step, evaluate_classifier, train
+from fastsgd.worker import EvalFn, Plan, StepFn, train
 
-ModelArg = str | Callable[[], torch.nn.Module]
-OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
 
 
 @dataclass
@@ -49,31 +57,51 @@ class Result:
 class Job:
     """A training job: what to train (model, optimizer, step, data) and how workers talk
     (strategy, compressor). Arguments left out come from `config` (a TOML path or dict),
-    then from the defaults; `options` overrides single keys, e.g. {"run.steps": 100}."""
+    then from the defaults; `options` overrides single keys, e.g. {"run.steps": 100}.
+    Objects given here are recorded in the run's config.toml as what they are (see
+    components.py). A run never overwrites another unless `options` names `run.out` or
+    `overwrite` is set (see rundir.py)."""
 
     def __init__(self, model: ModelArg | None = None, optimizer: OptimizerFn | None = None,
                  step: StepFn | None = None, data: str | Dataset | None = None,
                  strategy: str | Strategy | None = None,
                  compressor: str | Compressor | None = None, evaluate: EvalFn | None = None,
                  config: str | Path | dict | None = None, options: dict[str, Any] | None = None,
-                 quiet: bool = False):
+                 quiet: bool = False, overwrite: bool = False):
         raw = cfg.read_toml(Path(config)) if isinstance(config, (str, Path)) else (config or {})
-        raw = {s: dict(v) for s, v in raw.items()}
+        raw = {s: dict(v) if isinstance(v, dict) else v for s, v in raw.items()}
         for key, value in (options or {}).items():
             section, _, name = key.partition(".")
+            if not name:
+                raise ConfigError(f"option {key!r}: the key must be section.name, e.g. run.steps")
             raw.setdefault(section, {})[name] = value
-        for section, arg in (("model", model), ("data", data), ("strategy", strategy),
-                             ("compression", compressor)):
-            if isinstance(arg, str):
-                raw.setdefault(section, {})["name"] = arg
-            elif arg is not None and hasattr(arg, "name"):
-                raw.setdefault(section, {})["name"] = arg.name
+        given = {"model": model, "step": step, "evaluate": evaluate, "optimizer": optimizer,
+                 "data": data, "strategy": strategy, "compressor": compressor}
+        run = raw.get("run")
+        seed = run.get("seed", 0) if isinstance(run, dict) else 0
+        for section, values in record(**given, seed=seed).items():
+            arg = given.get("compressor" if section == "compression" else section)
+            if section in ("optimizer", "strategy", "compression") and not isinstance(arg, str):
+                raw[section] = values  # an object replaces the section: it is all there is
+            else:
+                raw.setdefault(section, {}).update(values)
         self.config = cfg.validate(raw)
-        self._model, self._optimizer, self._data = model, optimizer, data
-        self._strategy, self._compressor = strategy, compressor
-        self._step = step or cross_entropy_step
-        self._evaluate = evaluate or evaluate_classifier
-        self.quiet = quiet
+        self._resolve(given)
+        self.quiet, self.overwrite = quiet, overwrite
+        self._out_given = "run.out" in (options or {})
+
+    def _resolve(self, given: dict[str, Any]) -> None:
+        """The pieces the config names, where no object was given (fails early, one line)."""
+        section = self.config["model"]
+        self._model = model_argument(given["model"]) or model_factory(section["name"])
+        self._step = given["step"] or function_from_config("step", section["step"])
+        self._evaluate = given["evaluate"] or function_from_config("evaluate",
+                                                                   section["evaluate"])
+        optimizer = given["optimizer"]
+        self._optimizer = optimizer if callable(optimizer) else optimizer_from_config(
+            self.config["optimizer"])
+        self._data = given["data"]
+        self._strategy, self._compressor = given["strategy"], given["compressor"]
 
     def run(self, workers: int | None = None) -> Result:
         """Train on real processes: `workers` local processes, or, under torchrun, this
@@ -82,8 +110,7 @@ class Job:
             return self._run_here()
         config = self._with_workers(workers)
         plan = self.plan(config)
-        run = config["run"]
-        launch(lambda: _train_process(plan), run["workers"])
+        launch(lambda: _train_process(plan), config["run"]["workers"])
         return _result(plan.run_dir)
 
     def simulate(self, workers: int | None = None, network: Network | None = None,
@@ -100,10 +127,9 @@ class Job:
     def _run_here(self) -> Result:
         run = self.config["run"]
         transport = TorchTransport(run["backend"], run["timeout"])
-        tag = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
-        plan = self.plan(cfg.merged(self.config, run={"workers": transport.world_size}),
-                         default_out=f"runs/{self.config['strategy']['name']}-{tag}")
         try:
+            config = cfg.merged(self.config, run={"workers": transport.world_size})
+            plan = self.plan(config, transport=transport)
             summary = train(plan, transport)
         finally:
             transport.close()
@@ -114,35 +140,43 @@ class Job:
             return self.config
         return cfg.merged(self.config, run={"workers": workers})
 
-    def plan(self, config: dict, simulated: bool = False, default_out: str | None = None) -> Plan:
-        """Resolve everything the workers share (loads the dataset once, before forking)."""
+    def plan(self, config: dict, simulated: bool = False,
+             transport: TorchTransport | None = None) -> Plan:
+        """Resolve everything the workers share (loads the dataset once, before forking);
+        under torchrun, `transport` lets every rank agree on the run directory."""
         dataset = self._dataset(config)
-        out = config["run"]["out"] or default_out or _default_out(config)
-        run_dir = Path(out)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if int(os.environ.get("RANK", 0)) == 0:  # a rerun into the same folder starts afresh
-            for stale in ("metrics.jsonl", "eval.jsonl", "summary.json"):
-                (run_dir / stale).unlink(missing_ok=True)
-        config = cfg.merged(config, run={"out": str(run_dir)})
         strategy, codec = self._strategy_object(config), self._codec(config)
         check_codec(strategy, codec, config["run"]["workers"])
-        if self._optimizer is None:
-            _check_momentum_once(codec, config["optimizer"])
-        return Plan(config=config, run_dir=run_dir, dataset=dataset,
-                    make_model=self._model_factory(config, dataset),
-                    make_optimizer=self._optimizer or optimizer_from_config(config["optimizer"]),
-                    step=self._step, evaluate=self._evaluate,
+        _check_momentum_once(codec, config["optimizer"])
+        make_model = self._model_factory(config, dataset)
+        run_dir = self._run_dir(config, transport)
+        config = cfg.merged(config, run={"out": str(run_dir)})
+        return Plan(config=config, run_dir=run_dir, dataset=dataset, make_model=make_model,
+                    make_optimizer=self._optimizer, step=self._step, evaluate=self._evaluate,
                     strategy=strategy, compressor=codec,
                     simulated=simulated, progress=not self.quiet)
+
+    def _run_dir(self, config: dict, transport: TorchTransport | None) -> Path:
+        out = config["run"]["out"]
+        name = ""
+        if transport is None or transport.rank == 0:
+            reuse = bool(out) and self._out_given or self.overwrite
+            name = str(claim(out or default_out(config["strategy"]["name"]), reuse))
+        if transport is not None and transport.world_size > 1:
+            name = agree(name, transport)
+            Path(name).mkdir(parents=True, exist_ok=True)  # each node writes its own files
+        return Path(name)
 
     def _dataset(self, config: dict) -> Dataset:
         if isinstance(self._data, Dataset):
             return self._data
         data = config["data"]
+        if is_import_path(data["name"]):
+            resolve(data["name"], "data.name")  # says why it cannot be rebuilt
         return load_dataset(data["name"], data["path"] or None, config["run"]["seed"])
 
     def _model_factory(self, config: dict, dataset: Dataset) -> Callable[[], torch.nn.Module]:
-        if callable(self._model):
+        if self._model is not None:
             return self._model
         name = config["model"]["name"]
         build_model(name, dataset.input_shape, dataset.num_classes)  # fail early on a bad name
@@ -163,30 +197,14 @@ class Job:
         return build_compressor(config["compression"])
 
 
-def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
-    """The optimizer the [optimizer] section describes (state stays with each worker)."""
-    lr, wd = section["lr"], section["weight_decay"]
-    if section["name"] == "adam":
-        return lambda params: torch.optim.Adam(params, lr=lr, weight_decay=wd)
-    momentum, nesterov = section["momentum"], section["nesterov"]
-    if nesterov and momentum == 0:
-        raise UserError("optimizer.nesterov = true needs optimizer.momentum > 0")
-    return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum,
-                                          weight_decay=wd, nesterov=nesterov)
-
-
 def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:
     """DGC's momentum correction (Lin et al. 2018) moves the momentum into the codec, before
     sparsification; the optimizer's momentum on top would apply it twice and diverge."""
     momentum = getattr(codec, "momentum", 0.0)
-    if momentum > 0 and optimizer["name"] == "sgd" and optimizer["momentum"] > 0:
+    if momentum > 0 and optimizer.get("momentum", 0) > 0:
         raise UserError(f"compression.name = '{codec.name}' applies momentum itself "
                         f"(compression.momentum = {momentum}): set optimizer.momentum = 0, "
                         f"not {optimizer['momentum']}")
-
-
-def _default_out(config: dict) -> str:
-    return f"runs/{config['strategy']['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _train_process(plan: Plan) -> None:

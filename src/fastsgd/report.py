@@ -24,19 +24,32 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _evaluation_line(s: dict) -> list[str]:
+    if s.get("eval_time") is None:  # a run directory from before evaluation was timed
+        return []
+    return [f"evaluation     {s['eval_time']:.1f} s wall, "
+            f"{plural(s['evaluations'], 'evaluation')} (not counted in training time)"]
+
+
 def text_report(run_dir: str | Path) -> str:
     run_dir = Path(run_dir)
     s = json.loads((run_dir / "summary.json").read_text())
     clock = s["simulated_time"] if s["simulated_time"] is not None else s["wall_time"]
     kind = "simulated" if s["mode"] == "simulated" else "wall"
     lines = [
-        f"strategy {s['strategy']} | compressor {s['compressor']} | {s['workers']} workers "
-        f"| {s['steps']} steps ({s['epochs']:.2f} epochs, global batch {s['global_batch']})",
+        f"strategy {s['strategy']} | compressor {s['compressor']} | "
+        f"{plural(s['workers'], 'worker')} | {plural(s['steps'], 'step')} "
+        f"({s['epochs']:.2f} epochs, global batch {s['global_batch']})",
         f"test accuracy  {s['final_accuracy']:.2%}   (loss {s['final_loss']:.4f})",
         f"training time  {clock:.1f} s {kind}"
         + (f", time to {s['target_accuracy']:.0%}: " + (f"{s['time_to_target']:.1f} s"
            if s["time_to_target"] is not None else "not reached")
            if s.get("target_accuracy") else ""),
+        *_evaluation_line(s),
         f"bytes sent     {human_bytes(s['bytes_sent_total'])} by all workers",
         f"consensus      {s['consensus_distance']:.3g} (mean squared distance to the average)",
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from fastsgd.metrics import PHASES, JsonLines, write_json
 from fastsgd.progress import Progress
 from fastsgd.replica import Replica
 from fastsgd.representative import representative
+from fastsgd.rundir import environment, host_names
 from fastsgd.strategies import Strategy
 from fastsgd.transport.base import Transport
 
@@ -113,6 +115,8 @@ class _Loop:
         self.log_every = run["log_every"]
         self.evals = JsonLines(plan.run_dir / "eval.jsonl", flush_every=1)
         self.sent = self.received = 0
+        self.eval_time = self.eval_wall = 0.0  # on the run's clock, and wall seconds
+        self.evaluations = 0
         self.time_to_target: float | None = None
         self.last_eval: tuple[int, float, float, float] | None = None  # rank 0 only
         self.evaluated: tuple[int, torch.nn.Module | None] = (0, None)  # step, representative
@@ -121,8 +125,7 @@ class _Loop:
         self.progress = Progress(self.steps, enabled=plan.progress and self.rank == 0)
 
     def run(self) -> dict[str, Any] | None:
-        if self.rank == 0:
-            (self.plan.run_dir / "config.toml").write_text(to_toml(self.plan.config))
+        self.record_environment()
         self.t.barrier()  # everyone starts the clock together (setup is not training time)
         self.t.off_clock()
         self.start, wall = self.t.now(), time.perf_counter()
@@ -133,11 +136,21 @@ class _Loop:
             self.progress.update(k + 1, loss, self.last_eval and self.last_eval[1])
         self.metrics.flush()
         self.progress.close()
-        return self.finish(time.perf_counter() - wall)
+        return self.finish(time.perf_counter() - wall - self.eval_wall)
+
+    def record_environment(self) -> None:
+        """config.toml (what ran) and environment.json (where, with what) in the run dir."""
+        simulated = self.plan.simulated
+        hosts = [socket.gethostname()] if simulated else host_names(self.t)
+        if self.rank == 0:
+            (self.plan.run_dir / "config.toml").write_text(to_toml(self.plan.config))
+            backend = "simulated" if simulated else str(torch.distributed.get_backend())
+            write_json(self.plan.run_dir / "environment.json", environment(backend, hosts))
 
     def clock(self) -> float:
-        """Seconds of training so far (wall, or virtual in the simulator)."""
-        return self.t.now() - self.start
+        """Seconds of training so far (wall, or virtual in the simulator), evaluation
+        excluded."""
+        return self.t.now() - self.start - self.eval_time
 
     def step(self, k: int) -> float:
         now, t = self.clock, self.t
@@ -178,13 +191,15 @@ class _Loop:
         return value
 
     def evaluate(self, step: int) -> torch.nn.Module:
-        """Collective: every worker joins; rank 0 evaluates and logs. Not training time."""
+        """Collective: every worker joins; rank 0 evaluates and logs. Not training time:
+        the clock stops once every worker has finished its step."""
+        self.t.barrier()
+        when, began, wall = self.clock(), self.t.now(), time.perf_counter()
         consensus = self.replica.consensus_distance()
         model = representative(self.plan.config["run"]["representative"], self.model, self.t,
                                self.score)
         if self.rank == 0:
             accuracy, loss = self.plan.evaluate(model, self.plan.dataset, self.t.device)
-            when = self.clock()
             self.last_eval = (step, accuracy, loss, consensus)
             self.evals.write({"step": step, "time": when, "accuracy": accuracy, "loss": loss,
                               "consensus_distance": consensus})
@@ -192,6 +207,9 @@ class _Loop:
                 self.time_to_target = when
         self.evaluated = (step, model)
         self.t.off_clock()
+        self.eval_time += self.t.now() - began
+        self.eval_wall += time.perf_counter() - wall
+        self.evaluations += 1
         return model
 
     def score(self, model: torch.nn.Module, own: bool = False) -> float:
@@ -235,6 +253,7 @@ class _Loop:
             "final_accuracy": self.last_eval[1], "final_loss": self.last_eval[2],
             "target_accuracy": self.target or None, "time_to_target": self.time_to_target,
             "wall_time": wall_time, "simulated_time": end if self.plan.simulated else None,
+            "eval_time": self.eval_wall, "evaluations": self.evaluations,
             "samples_per_second": totals[2],
             "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
             "consensus_distance": self.last_eval[3], "representative": cfg["run"]["representative"],

@@ -1,0 +1,144 @@
+"""The pieces of a Job as config sections, and back.
+
+`record` turns what the Python API was given (a model class, an optimizer factory, a
+strategy object...) into the config keys that say what it is, so a run's config.toml
+records what ran; the `*_from_config` functions rebuild each piece from those keys.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from fastsgd.compress import CODECS
+from fastsgd.data import SEEDED_DATASETS, Dataset
+from fastsgd.errors import UserError
+from fastsgd.objects import import_path, is_import_path, resolve
+from fastsgd.options import Registry
+from fastsgd.strategies import STRATEGIES
+from fastsgd.worker import cross_entropy_step, evaluate_classifier
+
+OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+BUILTIN_FUNCTIONS = {"step": ("cross_entropy", cross_entropy_step),
+                     "evaluate": ("accuracy", evaluate_classifier)}
+
+
+def record(model: Any = None, step: Any = None, evaluate: Any = None, optimizer: Any = None,
+           data: Any = None, strategy: Any = None, compressor: Any = None,
+           seed: Any = 0) -> dict[str, dict]:
+    """Config sections describing the objects given (strings are names, kept as they are);
+    `seed` is the run's, which load_dataset uses."""
+    sections: dict[str, dict] = {"model": {}}
+    for key, arg in (("name", model), ("step", step), ("evaluate", evaluate)):
+        if arg is not None:
+            sections["model"][key] = _function_name(key, arg)
+    if optimizer is not None:
+        sections["optimizer"] = record_optimizer(optimizer)
+    if isinstance(data, str):
+        sections["data"] = {"name": data}
+    elif isinstance(data, Dataset):
+        sections["data"] = _record_dataset(data, seed)
+    for section, arg, registry in (("strategy", strategy, STRATEGIES),
+                                   ("compression", compressor, CODECS)):
+        if arg is not None:
+            sections[section] = _record_component(arg, registry)
+    return sections
+
+
+def _function_name(key: str, arg: Any) -> str:
+    if isinstance(arg, str):
+        return arg
+    if isinstance(arg, torch.nn.Module):
+        return f"<instance of {import_path(type(arg))}>"
+    name, builtin = BUILTIN_FUNCTIONS.get(key, (None, None))
+    return name if arg is builtin else import_path(arg)
+
+
+def record_optimizer(factory: Any) -> dict[str, Any]:
+    """The optimizer's class and its `defaults`, found by building it on a probe parameter;
+    the factory's own import path where that would not say everything (parameter groups)."""
+    if isinstance(factory, str):
+        return {"name": factory}
+    try:
+        optimizer = factory([torch.nn.Parameter(torch.zeros(1))])
+        groups, defaults = optimizer.param_groups, optimizer.defaults
+        options = {k: _toml(v) for k, v in defaults.items() if v is not None}
+        plain = len(groups) == 1 and all(groups[0].get(k) == v for k, v in defaults.items())
+    except Exception:  # noqa: BLE001 - whatever the probe does, the factory itself is recorded
+        return {"name": import_path(factory)}
+    if not plain or any(v is None for v in options.values()):
+        return {"name": import_path(factory)}
+    return {"name": import_path(type(optimizer)), **options}
+
+
+def _toml(value: Any) -> Any:
+    """A TOML-writable copy of an optimizer default (tuples become lists), or None."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float)) for v in value):
+        return list(value)
+    return None
+
+
+def _record_dataset(data: Dataset, seed: Any) -> dict[str, Any]:
+    """Its loader's name and path, if loading them again at the run's seed gives it back."""
+    if data.source is None or data.source[2] != seed and data.source[0] in SEEDED_DATASETS:
+        return {"name": f"<Dataset '{data.name}' built in Python>"}
+    return {"name": data.source[0], "path": data.source[1]}
+
+
+def _record_component(obj: Any, registry: Registry) -> dict[str, Any]:
+    if isinstance(obj, str):
+        return {"name": obj}
+    name = getattr(obj, "name", None)
+    if registry.classes.get(name) is not type(obj):
+        name = import_path(type(obj))
+    return {"name": name, **getattr(obj, "options", {})}
+
+
+def function_from_config(key: str, value: str) -> Callable[..., Any]:
+    """[model] step or evaluate: a built-in name or an import path."""
+    name, builtin = BUILTIN_FUNCTIONS[key]
+    return builtin if value == name else resolve(value, f"model.{key}")
+
+
+def model_factory(value: str) -> Callable[[], torch.nn.Module] | None:
+    """[model] name as a zero-argument factory; None for a built-in model's name."""
+    if not is_import_path(value):
+        return None
+    factory = resolve(value, "model.name")
+    if not callable(factory):
+        raise UserError(f"model.name = '{value}' is not a class or function")
+    return factory
+
+
+def model_argument(model: Any) -> Callable[[], torch.nn.Module] | None:
+    """The API's model argument as a factory: an instance is copied for each worker."""
+    if isinstance(model, torch.nn.Module):
+        return lambda: copy.deepcopy(model)
+    if model is None or isinstance(model, str):
+        return None
+    if not callable(model):
+        raise UserError(f"model must be a name, an nn.Module class or a zero-argument "
+                        f"function returning one, or an nn.Module; got {type(model).__name__}")
+    return model
+
+
+def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
+    """The optimizer the [optimizer] section describes (state stays with each worker)."""
+    if is_import_path(section["name"]):
+        cls = resolve(section["name"], "optimizer.name")
+        kwargs = {k: tuple(v) if isinstance(v, list) else v
+                  for k, v in section.items() if k != "name"}
+        return lambda params: cls(params, **kwargs)
+    lr, wd = section["lr"], section["weight_decay"]
+    if section["name"] == "adam":
+        return lambda params: torch.optim.Adam(params, lr=lr, weight_decay=wd)
+    momentum, nesterov = section["momentum"], section["nesterov"]
+    if nesterov and momentum == 0:
+        raise UserError("optimizer.nesterov = true needs optimizer.momentum > 0")
+    return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum,
+                                          weight_decay=wd, nesterov=nesterov)

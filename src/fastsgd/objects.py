@@ -1,0 +1,71 @@
+"""Python objects in a config: recorded as import paths (`module:Name`), rebuilt by import.
+
+A run's config.toml must say what ran, also when the model, step, optimizer, strategy or
+codec was given as a Python object. What can be imported again is written as its import
+path; what cannot (a lambda, a function defined inside another, anything defined in the
+script that was run, an instance) is written as `<...>` with what it was, and re-running
+the file refuses it in one line naming the key.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+from fastsgd.errors import ConfigError
+
+
+def import_path(obj: Any) -> str:
+    """`module:QualName` of a class or function, the shortest public module that exports
+    it (`torch.optim:Adam`, not `torch.optim.adam:Adam`); `<...>` where no import finds it."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not module or not qualname:
+        return f"<instance of {import_path(type(obj))}>"
+    parts = module.split(".")
+    for k in range(1, len(parts)):
+        parent = ".".join(parts[:k])
+        if getattr(sys.modules.get(parent), qualname, None) is obj:
+            return f"{parent}:{qualname}"
+    return f"{module}:{qualname}"
+
+
+def is_import_path(value: Any) -> bool:
+    return isinstance(value, str) and (":" in value or value.startswith("<"))
+
+
+def resolve(value: str, key: str) -> Any:
+    """The object an import path names, or ConfigError naming `key` and why it cannot be."""
+    why = not_rebuildable(value)
+    if why:
+        raise ConfigError(f"{key} = '{value}' cannot be rebuilt from a config file: {why}")
+    module_name, _, qualname = value.partition(":")
+    if os.getcwd() not in sys.path:  # as `python -m` would: the user's modules are here
+        sys.path.append(os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{key} = '{value}': cannot import {module_name} ({e})") from None
+    for part in qualname.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{key} = '{value}': {module_name} has no {qualname}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def not_rebuildable(value: str) -> str | None:
+    """Why an import path cannot be imported again, or None."""
+    module, _, qualname = value.partition(":")
+    if value.startswith("<"):
+        return "it was a Python object given to the API; pass it again, or name an import path"
+    if not qualname:
+        return "expected module:Name"
+    if "<lambda>" in qualname:
+        return "it was a lambda; define a function or class in a module and pass that"
+    if "<locals>" in qualname:
+        return "it was defined inside a function; define it at the top of a module"
+    if module == "__main__":
+        return "it was defined in the script that was run (__main__); move it into a module"
+    return None

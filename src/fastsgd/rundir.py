@@ -1,0 +1,103 @@
+"""Where a run writes, and the environment it records: a run never overwrites another.
+
+A run writes into `run.out`, or `runs/STRATEGY-TIME` when that is empty. If the folder
+already holds a run, the new one goes to `NAME-2`, `NAME-3`..., unless the user named the
+folder themselves (`--set run.out=...`, or `run.out` in the API's options) or asked to
+overwrite: then the old run's files are removed first. Under torchrun rank 0 decides and
+the other ranks follow, so every node writes to the same path.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import subprocess
+import sys
+import time
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RUN_FILES = ("config.toml", "environment.json", "metrics.jsonl", "eval.jsonl",
+             "summary.json", "model.pt")
+_NAME_BYTES = 4096
+
+
+def default_out(strategy: str, when: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    return f"runs/{strategy}-{stamp}"
+
+
+def claim(out: str, reuse: bool) -> Path:
+    """The run directory for `out`, created: `out` itself if it holds no run or `reuse` is
+    set (its old run's files are then removed), else the first free `out-K`."""
+    path = Path(out)
+    if reuse:
+        path.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES:
+            (path / name).unlink(missing_ok=True)
+        return path
+    for k in count(1):
+        candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")
+        try:
+            candidate.mkdir(parents=True)  # atomic: two runs never claim the same folder
+            return candidate
+        except FileExistsError:
+            if candidate.is_dir() and not holds_run(candidate):
+                return candidate
+    raise AssertionError("unreachable")
+
+
+def holds_run(path: Path) -> bool:
+    return any((path / name).exists() for name in RUN_FILES)
+
+
+def agree(text: str, transport: Any) -> str:
+    """Rank 0's `text` on every rank (one broadcast of a fixed-size byte tensor)."""
+    data = text.encode()[:_NAME_BYTES] if transport.rank == 0 else b""
+    buffer = torch.zeros(_NAME_BYTES + 2, dtype=torch.uint8)
+    buffer[:2] = torch.tensor([len(data) // 256, len(data) % 256], dtype=torch.uint8)
+    buffer[2:2 + len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    buffer = buffer.to(transport.device)
+    transport.broadcast(buffer, 0)
+    raw = bytes(buffer.cpu().tolist())
+    return raw[2:2 + raw[0] * 256 + raw[1]].decode()
+
+
+def host_names(transport: Any) -> list[str]:
+    """Every rank's host name, in rank order (one all-gather)."""
+    mine = socket.gethostname().encode()[:254]
+    buffer = torch.zeros(256, dtype=torch.uint8)
+    buffer[0] = len(mine)
+    buffer[1:1 + len(mine)] = torch.tensor(list(mine), dtype=torch.uint8)
+    gathered = transport.all_gather(buffer.to(transport.device))
+    return [bytes(b.cpu().tolist()[1:1 + int(b[0])]).decode() for b in gathered]
+
+
+def environment(backend: str, hosts: list[str]) -> dict[str, Any]:
+    """What ran where: versions, the git commits of the working directory and of fastsgd's
+    source (when they are checkouts), the backend and each rank's host."""
+    import fastsgd
+
+    return {
+        "fastsgd": fastsgd.__version__, "torch": torch.__version__,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "command": sys.argv, "cwd_git_commit": git_commit(Path.cwd()),
+        "fastsgd_git_commit": git_commit(Path(fastsgd.__file__).parent),
+        "backend": backend, "cuda": torch.version.cuda, "hosts": hosts,
+    }
+
+
+def git_commit(folder: Path) -> str | None:
+    """HEAD of the repository holding `folder` ('+dirty' with uncommitted changes), or None."""
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True,
+                                  timeout=10, check=True).stdout.strip()
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
