@@ -90,3 +90,65 @@ def test_topology_command_prints_and_draws(tmp_path):
 def test_topology_command_bad_shape():
     proc = fastsgd("topology", "torus", "--workers", "7")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_set_without_equals_says_the_right_form():
+    proc = fastsgd("run", "--set", "run.workers", "4")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == ("fastsgd: error: --set run.workers: write KEY=VALUE as one "
+                                   "word, e.g. --set run.workers=4")
+
+
+def test_version():
+    from fastsgd import __version__
+
+    proc = fastsgd("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"fastsgd {__version__}"
+
+
+def test_run_help_points_to_the_keys_and_keys_lists_them():
+    assert "fastsgd keys" in fastsgd("run", "--help").stdout
+    proc = fastsgd("keys")
+    assert proc.returncode == 0
+    for text in ("[run]", "workers", "log_every", "[strategy]", 'name = "dpsgd"', "gamma",
+                 "[compression]", 'name = "topk"', "ratio", "[optimizer]", "module:Class"):
+        assert text in proc.stdout
+
+
+def test_topology_custom_from_the_command_line(tmp_path):
+    proc = fastsgd("topology", "custom", "--workers", "4", "--edges", "0-1,1-2,2-3,3-0",
+                   "--png", str(tmp_path / "c.png"))
+    assert proc.returncode == 0, proc.stderr
+    assert "spectral gap" in proc.stdout
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["topology", "custom", "--workers", "4"], "--edges"),
+    (["topology", "custom", "--workers", "4", "--edges", "0-1,1-x"], "--edges"),
+    (["topology", "torus", "--workers", "8", "--rows", "3"], "--rows 3"),
+])
+def test_topology_errors_name_the_flag(args, culprit):
+    proc = fastsgd(*args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert culprit in proc.stderr and "strategy." not in proc.stderr
+
+
+def test_report_grammar(tmp_path):
+    proc = fastsgd("simulate", "--quiet", "--set", "data.name=synthetic", "--set",
+                   "model.name=mlp", "--set", "run.steps=1", "--set", "run.workers=1",
+                   "--set", f"run.out={tmp_path / 'r'}")
+    assert proc.returncode == 0, proc.stderr
+    assert "| 1 worker | 1 step (" in proc.stdout and "1 evaluation (" in proc.stdout
+
+
+def test_readme_links_stay_inside_the_repository():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    for target in re.findall(r"\]\(([^)#]+)", text) + re.findall(r"`(\.\./[^`]*)`", text):
+        if target.startswith(("http://", "https://")):
+            continue
+        assert (root / target).resolve().is_relative_to(root), target
+        assert (root / target).exists(), target

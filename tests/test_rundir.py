@@ -112,8 +112,9 @@ def test_a_rerun_never_overwrites_a_run(tmp_path, capsys):
 def test_default_folder_is_strategy_and_time_and_never_reused(tmp_path):
     from fastsgd.rundir import claim, default_out
 
-    name = default_out("dpsgd", when=0)
-    assert name.startswith("runs/dpsgd-19") or name.startswith("runs/dpsgd-1970")
+    import re
+
+    assert re.fullmatch(r"runs/dpsgd-\d{8}-\d{6}", default_out("dpsgd"))
     out = str(tmp_path / "runs" / "dpsgd-x")
     first = claim(out, reuse=False)
     (first / "config.toml").write_text("")

@@ -9,7 +9,9 @@ the servers' parameters and, when they come, takes them, keeping the progress it
 it asked. A worker asks a server again only once its last request is answered (at the
 last step it always asks): requests piling up faster than a busy server answers would make
 every answer older, and each one costs the worker a pass over the snapshots still out.
-Nobody waits for anyone, except for the final fetch. With `staleness_lr`, a server
+Nobody waits for anyone, except at the end: a server answers the final fetches once every
+worker's final push is in (a worker's push reaches a server before its fetch does), so all
+workers end with the servers' final parameters. With `staleness_lr`, a server
 scales a push by 1/staleness, the number of pushes it applied since the pusher last fetched
 (Zhang et al. 2016). On the wire: parameter deltas up, parameters down. With a lossy codec,
 pushes are encoded with error feedback (a residual per shard on the worker), and a server
@@ -80,7 +82,8 @@ class ParameterServer(Configurable, section="strategy"):
                 state["told"] = [shards[t.rank].clone() for _ in range(t.world_size)]
             self._lock = threading.Lock()
             t.serve(PUSH, lambda src, m: self._apply_push(state, src, m))
-            t.serve(FETCH, lambda src, m: self._answer_fetch(t, state, src))
+            self._final: list[int] = []  # workers whose final fetch waits for the others
+            t.serve(FETCH, lambda src, m: self._on_fetch(t, state, src, bool(m[0])))
         return state
 
     # ---- the server role ----------------------------------------------------------------
@@ -91,6 +94,15 @@ class ParameterServer(Configurable, section="strategy"):
             scale = 1.0 / max(1, staleness) if self.staleness_lr else 1.0
             state["shard"].add_(delta, alpha=scale)
             state["version"] += 1
+
+    def _on_fetch(self, t, state: dict[str, Any], src: int, final: bool) -> None:
+        if not final:
+            return self._answer_fetch(t, state, src)
+        with self._lock:
+            self._final.append(src)
+            waiting = list(self._final) if len(self._final) == t.world_size else []
+        for worker in waiting:
+            self._answer_fetch(t, state, worker)
 
     def _answer_fetch(self, t, state: dict[str, Any], src: int) -> None:
         with self._lock:
@@ -121,7 +133,7 @@ class ParameterServer(Configurable, section="strategy"):
                 if self._asked[k] and not last:
                     continue  # the last request is still unanswered: no pile-up
                 self._asked[k].append(self._pushed[part].clone())
-                t.post(torch.zeros(1), k, FETCH)
+                t.post(torch.full((1,), float(last)), k, FETCH)
         if last:
             due = sum(len(q) for q in self._asked)
             local = self._take_replies(local, [t.wait_message(PARAMS) for _ in range(due)],
