@@ -107,3 +107,16 @@ def gossip_apart(t, strategy, codec: str, steps: int, dim: int):
         ctx.step = step
         strategy.on_parameters([x], state, ctx)
     return start, x.detach().clone(), state
+
+
+@pytest.mark.parametrize("name", ["sgp", "adpsgd"])
+def test_replicas_end_averaged_unless_asked_not_to(name, synthetic, tmp_path):
+    """After the drain one all-reduce leaves every replica at the average gossip preserved;
+    with average_at_end = false each keeps its own (stragglers keep them apart)."""
+    spread = {}
+    for average in (True, False):
+        job = sim_job(synthetic, tmp_path / str(average), {"name": name,
+                      "average_at_end": average}, steps=30)
+        result = job.simulate(workers=4, network=JITTERY, slowdown={1: 3.0, 3: 7.0})
+        spread[average] = result.summary["consensus_distance"]
+    assert spread[True] < 1e-12 < 1e-6 < spread[False]

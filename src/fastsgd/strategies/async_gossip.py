@@ -28,7 +28,11 @@
   The pair's sum is preserved exactly whatever the codec loses; with `none` the exchange is
   the plain average.
 
-Both drain at the last step: every share or answer still on the wire is taken in.
+Both drain at the last step: every share or answer still on the wire is taken in. Then,
+with `average_at_end` (the default), one all-reduce replaces every replica by the average
+that gossip preserved (for sgp the push-sum value, sum x / sum w), so the run ends in
+consensus like the synchronous strategies; `false` keeps each replica's own model, to
+study how far apart they end.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ from fastsgd.strategies.gossip import TOPOLOGY_OPTIONS, _OnGraph
 from fastsgd.strategies.params import assign, flatten
 
 Params = list[torch.nn.Parameter]
+END_OPTIONS = {"average_at_end": Option(bool, True, doc="average the replicas after the "
+                                        "final drain (false: each keeps its own)")}
 PUSH, PAIR = 21, 22  # message tags
 REQUEST, ANSWER = 0, 1  # adpsgd: the first byte of a PAIR message
 
@@ -56,11 +62,13 @@ class SGP(_OnGraph):
     DRAINS_AT_END = True  # takes in every push still on the wire (ctx.total_steps)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
-        "onepeer"), "gamma": Option(float, 0.5, between(0, 1), "push step (lossy codecs only)")}
+        "onepeer"), "gamma": Option(float, 0.5, between(0, 1), "push step (lossy codecs only)"),
+        **END_OPTIONS}
 
-    def __init__(self, topology: str = "onepeer", gamma: float = 0.5, **graph: Any):
+    def __init__(self, topology: str = "onepeer", gamma: float = 0.5,
+                 average_at_end: bool = True, **graph: Any):
         super().__init__(topology, **graph)
-        self.gamma = gamma
+        self.gamma, self.average_at_end = gamma, average_at_end
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         super().init(params, ctx)
@@ -94,6 +102,10 @@ class SGP(_OnGraph):
             copy += self._codec.decode(payload, z).double()
             x += weight * copy
             w += weight
+        if ctx.last_step and self.average_at_end:
+            total = torch.cat([x, w])
+            t.all_reduce(total)  # mass is conserved: the weights add up to world_size
+            x, w = total[:-1] / total[-1], torch.ones_like(w)
         state["weight"] = w
         ctx.stats["staleness"] = 0
         assign(params, (x / w).to(z.dtype))
@@ -141,11 +153,11 @@ class ADPSGD(_OnGraph):
     DRAINS_AT_END = True  # answers and collects every exchange still out (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {**TOPOLOGY_OPTIONS,
-               "rotate": Option(bool, False, doc="rotate partners (GossipGraD)")}
+               "rotate": Option(bool, False, doc="rotate partners (GossipGraD)"), **END_OPTIONS}
 
-    def __init__(self, rotate: bool = False, **graph: Any):
+    def __init__(self, rotate: bool = False, average_at_end: bool = True, **graph: Any):
         super().__init__(**graph)
-        self.rotate = rotate
+        self.rotate, self.average_at_end = rotate, average_at_end
 
     def check(self, world_size: int) -> None:
         topology = self.build(world_size)
@@ -174,6 +186,10 @@ class ADPSGD(_OnGraph):
             x = self._take(t, src, m, x, state)
         if ctx.last_step:
             x = self._drain(t, x, state)
+            if self.average_at_end:
+                x = x.clone()
+                t.all_reduce(x)
+                x /= t.world_size
         elif t.rank % 2 == 0 and t.world_size > 1 and not self._awaiting:
             peer = self._partner(t.rank, ctx.step)
             copy = _copy(state, "copies", peer)
