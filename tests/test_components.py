@@ -151,3 +151,23 @@ def test_custom_model_and_adam_rerun_from_the_cli_bitwise(tmp_path):
     b = torch.load(again / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (first.run_dir / "summary.json").exists() and (first.run_dir / "eval.jsonl").exists()
+
+
+class HalfBucketAllReduce(fs.AllReduce):
+    """A user's own strategy class: not in the registry, so recorded by import path."""
+
+    name = "half_bucket_allreduce"
+
+
+def test_own_strategy_class_is_recorded_and_rebuilt(synthetic, tmp_path):
+    options = {"run.steps": 6, "data.batch_size": 16, "run.out": str(tmp_path / "a")}
+    first = fs.Job(model="mlp", data="synthetic", strategy=HalfBucketAllReduce(bucket_mb=0.5),
+                   quiet=True, options=options).simulate(workers=2)
+    recorded = cfg.load(first.run_dir / "config.toml")["strategy"]
+    assert recorded == {"name": f"{__name__}:HalfBucketAllReduce", "bucket_mb": 0.5,
+                        "overlap": True}
+    again = fs.Job(config=first.run_dir / "config.toml", quiet=True).simulate()
+    assert again.run_dir == tmp_path / "a-2"
+    a = torch.load(first.run_dir / "model.pt", weights_only=True)
+    b = torch.load(again.run_dir / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)

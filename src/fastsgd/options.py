@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from fastsgd.errors import ConfigError
+from fastsgd.objects import is_import_path, resolve
 
 Check = Callable[[Any], "str | None"]
 
@@ -100,6 +101,9 @@ class Registry:
         return iter(sorted(self.classes))
 
     def get(self, name: str) -> type:
+        """A registered class, or the class an import path `module:Class` names."""
+        if is_import_path(name):
+            return resolve(name, f"{self.section}.name")
         if name not in self.classes:
             raise ConfigError(f"unknown {self.kind} '{name}' ({self.section}.name); "
                               f"choose one of: {', '.join(sorted(self.classes))}")
@@ -109,7 +113,8 @@ class Registry:
         """Check the section's keys against the chosen component's options; fill defaults."""
         name = values["name"]
         options = {k: v for k, v in values.items() if k != "name"}
-        return {"name": name, **validate_section(self.section, options, self.get(name).OPTIONS)}
+        schema = getattr(self.get(name), "OPTIONS", {})
+        return {"name": name, **validate_section(self.section, options, schema)}
 
     def build(self, values: dict[str, Any]) -> Any:
         checked = self.validate(values)
