@@ -16,6 +16,14 @@ import time
 import torch
 import torch.distributed as dist
 
+# Imported before any process group exists, on purpose: its functions take
+# `group=group.WORLD` as default arguments, evaluated at import (torch 2.13). Imported later
+# (torch.optim pulls it in through torch._dynamo on first use), they would hold the default
+# group past destroy_process_group, so its gloo threads would outlive close() and one that
+# frees a finished collective at interpreter exit aborts the process ("terminate called
+# without an active exception", about 1 run in 10 under torchrun).
+import torch.distributed.nn.functional  # noqa: F401
+
 from fastsgd.errors import UserError
 from fastsgd.transport.base import (
     Done,
