@@ -110,9 +110,9 @@ def test_a_rerun_never_overwrites_a_run(tmp_path, capsys):
 
 
 def test_default_folder_is_strategy_and_time_and_never_reused(tmp_path):
-    from fastsgd.rundir import claim, default_out
-
     import re
+
+    from fastsgd.rundir import claim, default_out
 
     assert re.fullmatch(r"runs/dpsgd-\d{8}-\d{6}", default_out("dpsgd"))
     out = str(tmp_path / "runs" / "dpsgd-x")

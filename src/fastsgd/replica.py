@@ -9,11 +9,14 @@
         optimizer.step()
         replica.sync_parameters()                      # parameter exchange, if the strategy has one
 
-fastsgd moves the gradients; the user's optimizer applies them.
+fastsgd moves the gradients; the user's optimizer applies them. A strategy that averages or
+drains on its last step (DRAINS_AT_END) needs `total_steps`, the number of sync_parameters
+calls in the run (examples/own_loop.py).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -38,6 +41,7 @@ class Replica:
         self.params = list(model.parameters())
         self.strategy = strategy
         self.ctx = Context(transport, compressor or Identity(), total_steps=total_steps)
+        self._warned = False
         check_codec(strategy, self.ctx.compressor, transport.world_size)
         self.broadcast_from(0)
         self.state: dict[str, Any] = strategy.init(self.params, self.ctx)
@@ -45,6 +49,16 @@ class Replica:
     @property
     def transport(self) -> Transport:
         return self.ctx.transport
+
+    @property
+    def total_steps(self) -> int | None:
+        """How many times sync_parameters will be called in all: strategies that drain
+        at the end (DRAINS_AT_END) need it to know their last step."""
+        return self.ctx.total_steps
+
+    @total_steps.setter
+    def total_steps(self, steps: int | None) -> None:
+        self.ctx.total_steps = steps
 
     def broadcast_from(self, src: int) -> None:
         """Make every replica start from rank `src`'s parameters and buffers."""
@@ -58,8 +72,18 @@ class Replica:
 
     def sync_parameters(self) -> None:
         """After the optimizer step; ends the iteration."""
+        if self.ctx.total_steps is None and not self._warned:
+            self._warn_no_last_step()
         self.strategy.on_parameters(self.params, self.state, self.ctx)
         self.ctx.step += 1
+
+    def _warn_no_last_step(self) -> None:
+        self._warned = True
+        if getattr(self.strategy, "DRAINS_AT_END", False):
+            warnings.warn(f"strategy '{self.strategy.name}' averages or drains on its last step "
+                          "but does not know which step that is: pass Replica(..., "
+                          "total_steps=N) (or set replica.total_steps), else the replicas "
+                          "end apart", stacklevel=3)
 
     def state_dict(self) -> dict[str, Any]:
         """What this replica must keep to resume: the step and the strategy's state, which

@@ -1,9 +1,10 @@
 """A training script started by torchrun (any number of nodes, one worker per process).
 
-    torchrun --nnodes 1 --nproc-per-node 4 torchrun_train.py OUT {job|replica}
+    torchrun --nnodes 1 --nproc-per-node 4 torchrun_train.py OUT {job|replica|default-out}
 
 `job` uses the Job API (Job.run joins the torchrun job); `replica` keeps its own loop and
-lets fastsgd deliver the peers' gradients (the paper's contract).
+lets fastsgd deliver the peers' gradients (the paper's contract); `default-out` is `job`
+without run.out (OUT is ignored): the run directory gets its default name.
 """
 
 import sys
@@ -16,9 +17,9 @@ import fastsgd as fs
 STEPS, BATCH = 50, 16
 
 
-def with_job(out: Path) -> None:
+def with_job(out: Path | None) -> None:
     options = {"run.steps": STEPS, "data.batch_size": BATCH, "optimizer.lr": 0.05,
-               "optimizer.momentum": 0.9, "run.out": str(out)}
+               "optimizer.momentum": 0.9, **({"run.out": str(out)} if out else {})}
     fs.Job(model="mlp", data="synthetic", options=options, quiet=True).run()
 
 
@@ -47,4 +48,7 @@ def with_own_loop(out: Path) -> None:
 
 if __name__ == "__main__":
     target, mode = Path(sys.argv[1]), sys.argv[2]
-    with_job(target) if mode == "job" else with_own_loop(target)
+    if mode == "replica":
+        with_own_loop(target)
+    else:
+        with_job(target if mode == "job" else None)

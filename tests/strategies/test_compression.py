@@ -104,7 +104,7 @@ def test_codec_state_is_saved_and_restored_with_the_worker(strategy, codec):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
         settings = {"name": strategy, **({"period": 2} if strategy == "localsgd" else {})}
         return model, optimizer, fs.Replica(model, t, build_strategy(settings),
-                                           build_compressor({"name": codec}))
+                                           build_compressor({"name": codec}), total_steps=12)
 
     def steps(t, model, optimizer, rep, first, last):
         for step in range(first, last):
