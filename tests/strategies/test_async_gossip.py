@@ -19,7 +19,7 @@ def test_push_sum_keeps_the_mass_whatever_the_delays(codec):
     whatever a codec holds back (a sender loses exactly the mass its peer adds), even when
     the jitter reorders an edge's pushes."""
     def worker(t):
-        start, z, state = gossip_apart(t, SGP(), codec, steps=30, dim=500)
+        start, z, state = gossip_apart(t, SGP(average_at_end=False), codec, steps=30, dim=500)
         return start, z, float(state["weight"])
 
     out = simulate(5, worker, JITTERY, STRAGGLERS)
