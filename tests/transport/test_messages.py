@@ -87,3 +87,26 @@ def _garbage(t):
 def test_a_malformed_frame_names_the_peer(tmp_path):
     with pytest.raises(UserError, match="malformed frame from worker 1"):
         launch(_real(_garbage, tmp_path), 2)
+
+
+def ring_exchange(t):
+    """Each rank sends its rank to the next and receives from the previous, at once."""
+    n = t.world_size
+    received = torch.empty(4)
+    t.exchange([((t.rank + 1) % n, torch.full((4,), float(t.rank)))],
+               [((t.rank - 1) % n, received)])
+    return float(received[0]), t.bytes_sent, t.bytes_received
+
+
+def check_ring(results, n):
+    assert results == [(float((r - 1) % n), 16, 16) for r in range(n)]
+
+
+def test_simulated_exchange():
+    check_ring(simulate(3, ring_exchange, NET, {r: 0.0 for r in range(3)}), 3)
+
+
+@pytest.mark.multiproc
+def test_real_exchange_between_three_processes(tmp_path):
+    launch(_real(ring_exchange, tmp_path), 3)
+    check_ring([torch.load(tmp_path / f"{r}.pt") for r in range(3)], 3)

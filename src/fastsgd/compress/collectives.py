@@ -66,14 +66,10 @@ def _scatter_gather(tensors: list[torch.Tensor], codec: Compressor,
     parts = [[pack(codec.encode(c, s)) for c, s in zip(cs, state["scatter"])]
              for cs, state in zip(chunks, states)]  # parts[tensor][destination]
     outgoing = [torch.cat([p[j] for p in parts]) for j in range(n)]
-    handles = [t.send(outgoing[j], j) for j in range(n) if j != me]
-    received = [_split(outgoing[me], [p[me] for p in parts])]
-    for src in (j for j in range(n) if j != me):
-        buffer = torch.empty_like(outgoing[src])  # chunk payloads all have the same size
-        t.recv(buffer, src)
-        received.append(_split(buffer, [p[me] for p in parts]))
-    for handle in handles:
-        handle.wait()
+    peers = [j for j in range(n) if j != me]
+    buffers = [torch.empty_like(outgoing[j]) for j in peers]  # chunk payloads: one size
+    t.exchange([(j, outgoing[j]) for j in peers], list(zip(peers, buffers)))
+    received = [_split(b, [p[me] for p in parts]) for b in [outgoing[me], *buffers]]
     reduced = _decode_sum(codec, mine, received, n)
     parts = [pack(codec.encode(r, state["gather"])) for r, state in zip(reduced, states)]
     gathered = [_split(g, parts) for g in t.all_gather(torch.cat(parts))]

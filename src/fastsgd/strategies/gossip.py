@@ -114,14 +114,12 @@ def choco(local: torch.Tensor, public: dict[int, torch.Tensor], topology: Topolo
     step toward the neighbours' copies."""
     t, codec, me = ctx.transport, ctx.compressor, ctx.transport.rank
     payload = pack(codec.compress(local - public[me]))
-    handles = [t.send(payload, peer) for peer in topology.out_neighbors(me)]
+    # same codec, same shape: every payload has the same size
+    incoming = [(peer, torch.empty_like(payload)) for peer in topology.in_neighbors(me)]
+    t.exchange([(peer, payload) for peer in topology.out_neighbors(me)], incoming)
     public[me] += decode_buffer(codec, payload, local, me)
-    for peer in topology.in_neighbors(me):
-        received = torch.empty_like(payload)  # same codec, same shape: same payload size
-        t.recv(received, peer)
+    for peer, received in incoming:
         public[peer] += decode_buffer(codec, received, local, peer)
-    for handle in handles:
-        handle.wait()
     pull = sum(w * (public[peer] - public[me]) for peer, w in topology.weights(me))
     return local + gamma * pull
 
@@ -130,15 +128,11 @@ def mix(local: torch.Tensor, topology: Topology, ctx: Context) -> torch.Tensor:
     """One synchronous gossip round: send `local` to the out-neighbours, return the weighted
     sum over the closed in-neighbourhood."""
     t, step = ctx.transport, ctx.step
-    handles = [t.send(local, peer) for peer in topology.out_neighbors(t.rank, step)]
+    weights = topology.weights(t.rank, step)
+    received = {peer: torch.empty_like(local) for peer, _ in weights if peer != t.rank}
+    t.exchange([(peer, local) for peer in topology.out_neighbors(t.rank, step)],
+               list(received.items()))
     mixed = torch.zeros_like(local)
-    for peer, weight in topology.weights(t.rank, step):
-        if peer == t.rank:
-            mixed.add_(local, alpha=weight)
-        else:
-            received = torch.empty_like(local)
-            t.recv(received, peer)
-            mixed.add_(received, alpha=weight)
-    for handle in handles:
-        handle.wait()
+    for peer, weight in weights:
+        mixed.add_(local if peer == t.rank else received[peer], alpha=weight)
     return mixed

@@ -46,10 +46,8 @@ class Tournament(Configurable, section="strategy"):
             return
         mine = flatten(params)
         outgoing = pack(ctx.compressor.compress(mine))
-        handle = ctx.transport.send(outgoing, peer)
         incoming = torch.empty_like(outgoing)  # same codec, same model: same payload size
-        ctx.transport.recv(incoming, peer)
-        handle.wait()
+        ctx.transport.exchange([(peer, outgoing)], [(peer, incoming)])
         theirs = decode_buffer(ctx.compressor, incoming, mine, peer)
         my_score = ctx.score()
         assign(params, theirs)

@@ -53,6 +53,12 @@ class Transport(Protocol):
         """Block until a tensor from `src` has arrived, written into `tensor`."""
         ...
 
+    def exchange(self, outgoing: list[tuple[int, torch.Tensor]],
+                 incoming: list[tuple[int, torch.Tensor]]) -> None:
+        """Send each (dst, tensor) of `outgoing` and receive each (src, buffer) of `incoming`,
+        both directions of every link at once; return when all is done."""
+        ...
+
     def barrier(self) -> None: ...
 
     def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:

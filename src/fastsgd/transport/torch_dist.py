@@ -117,6 +117,20 @@ class TorchTransport:
         dist.recv(tensor, src)
         self._count(0, nbytes(tensor))
 
+    def exchange(self, outgoing: list[tuple[int, torch.Tensor]],
+                 incoming: list[tuple[int, torch.Tensor]]) -> None:
+        # Receives first. gloo sends a payload only once the receiver's "ready" notice has
+        # come, and a notice queues behind whatever its side is already sending on the same
+        # connection: a receive posted after a 1 MB send let the peer start only once that
+        # send was done, so the two directions ran one after the other (2 hosts at 20 Mbit/s:
+        # 0.90 s against 0.45 s for one direction; receives first: 0.48 s). One batch, so
+        # that NCCL runs them as a group (its sends and receives block one another otherwise).
+        ops = [dist.P2POp(dist.irecv, buffer, src) for src, buffer in incoming]
+        ops += [dist.P2POp(dist.isend, tensor, dst) for dst, tensor in outgoing]
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait()
+        self._count(sum(nbytes(t) for _, t in outgoing), sum(nbytes(b) for _, b in incoming))
+
     def barrier(self) -> None:
         dist.barrier()
 

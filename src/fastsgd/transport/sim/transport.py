@@ -195,6 +195,14 @@ class SimTransport:
         tensor.copy_(queue.popleft())
         self._count(0, nbytes(tensor))
 
+    def exchange(self, outgoing: list[tuple[int, torch.Tensor]],
+                 incoming: list[tuple[int, torch.Tensor]]) -> None:
+        """Simulated links are full duplex: posting the sends first loses nothing."""
+        for dst, tensor in outgoing:
+            self.send(tensor, dst)
+        for src, buffer in incoming:
+            self.recv(buffer, src)
+
     def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """One tensor for all the simulated workers (they share one process)."""
         self.barrier()
