@@ -178,6 +178,19 @@ def test_shard_epoch_permutation_is_seeded() -> None:
     )
 
 
+def test_shards_share_the_data_and_each_epoch_permutation() -> None:
+    """Simulated workers share one process: one dataset, one permutation per epoch."""
+    x, y = _toy(100)
+    shards = [Shard(x, y, batch_size=5, rank=r, world_size=4, seed=3) for r in range(4)]
+    assert all(s.x is x and s.y is y for s in shards)
+    first = [s._permutation(1) for s in shards]
+    assert all(p is first[0] for p in first)
+    assert first[0] is not shards[0]._permutation(2)
+    assert shards[0]._permutation(1) is first[0]  # kept across epochs a few apart
+    served = torch.cat([s.batch(5 + k)[1] for k in range(5) for s in shards])
+    assert torch.equal(served.sort().values, y.sort().values)  # epoch 1 covers all once
+
+
 def test_iterating_a_shard_walks_consecutive_epochs() -> None:
     x, y = _toy(100)
     shard = Shard(x, y, batch_size=8, rank=1, world_size=3, seed=2)
