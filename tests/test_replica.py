@@ -65,3 +65,22 @@ def test_allreduce_needs_no_total_steps():
 def test_the_strategies_that_drain_say_so():
     drains = {name for name in STRATEGIES if getattr(STRATEGIES.get(name), "DRAINS_AT_END", False)}
     assert drains == {"localsgd", "easgd", "bmuf", "ssp", "ps", "adpsgd", "sgp"}
+
+
+def test_consensus_distance_is_the_mean_squared_distance_to_the_average():
+    """Each worker's parameters set apart by hand: the distance is computed, not assumed."""
+    shifts = [0.0, 1.0, 3.0]
+
+    def worker(t) -> float:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        replica = fs.Replica(model, t, "localsgd", total_steps=1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(shifts[t.rank])
+        return replica.consensus_distance()
+
+    numel = 4 * 3 + 3 + 3 * 2 + 2
+    mean = sum(shifts) / len(shifts)
+    expected = numel * sum((s - mean) ** 2 for s in shifts) / len(shifts)
+    assert simulate(len(shifts), worker) == pytest.approx([expected] * 3, rel=1e-6)  # float32
