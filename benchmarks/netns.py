@@ -1,0 +1,158 @@
+"""Emulated hosts on one Linux machine: network namespaces joined through a bridge, each
+host's link limited by `tc tbf` in both directions.
+
+Why namespaces: a real multi-host run needs real links (their bandwidth, their queues, TCP
+on top), which loopback between processes on one machine does not have. Each host here is a
+namespace with its own stack; its veth's namespace end shapes what it sends (uplink), the
+bridge end shapes what it receives (downlink). The bridge lives in a namespace of its own,
+so everything this module creates sits in namespaces named PREFIX-*: deleting them removes
+every veth, bridge and qdisc with them, and the root namespace is never touched.
+
+    with EmulatedHosts(2, "20mbit") as hosts:
+        subprocess.run(hosts.exec_prefix(0) + ["ip", "addr"])
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+SUBNET = "10.239.0"  # inside the namespaces only: never routed in the root namespace
+
+
+class Refused(Exception):
+    """This machine cannot emulate hosts (not root, no ip/tc, namespaces refused)."""
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
+
+
+def check_can_emulate(prefix: str) -> None:
+    """Raise Refused, with the reason in one line, where namespaces cannot be made."""
+    if os.geteuid() != 0:
+        raise Refused("emulated hosts need root (network namespaces and tc)")
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise Refused(f"emulated hosts need {' and '.join(missing)} (iproute2) on PATH")
+    probe = f"{prefix}-probe"
+    proc = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True,
+                          timeout=30)
+    if proc.returncode != 0:
+        raise Refused(f"cannot create a network namespace: {proc.stderr.strip()}")
+    _ip("netns", "delete", probe)
+
+
+def leftovers(prefix: str) -> list[str]:
+    """Namespaces and root-namespace links whose name starts with `prefix`."""
+    found = []
+    for args in (["netns", "list"], ["-o", "link"]):
+        out = subprocess.run(["ip", *args], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            words = line.replace(":", " ").split()
+            found += [w for w in words[:2] if w.startswith(prefix)]
+    return found
+
+
+class EmulatedHosts:
+    """`n` hosts 10.239.0.1..n on one bridge; every link `rate` (tc syntax, e.g. 20mbit)
+    each way, token bucket `burst` bytes, queue `limit` bytes (large: no drops), `mtu`."""
+
+    def __init__(self, n: int, rate: str, burst: str = "16kb", limit: str = "8mb",
+                 mtu: int = 1500, prefix: str | None = None):
+        self.n, self.rate, self.burst, self.limit, self.mtu = n, rate, burst, limit, mtu
+        self.prefix = prefix or f"fsgd{os.getpid()}"
+        self.made: list[str] = []  # namespaces, in creation order
+
+    def ns(self, i: int | str) -> str:
+        return f"{self.prefix}-{'sw' if i == 'sw' else f'h{i}'}"
+
+    def ifname(self, i: int) -> str:
+        """The host's interface (inside its namespace): GLOO_SOCKET_IFNAME."""
+        return f"{self.prefix}h{i}"
+
+    def address(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def exec_prefix(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.ns(i)]
+
+    def __enter__(self) -> EmulatedHosts:
+        try:
+            self.create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create(self) -> None:
+        sw, bridge = self.ns("sw"), f"{self.prefix}br"
+        self._add_namespace(sw)
+        _ip("-n", sw, "link", "add", bridge, "type", "bridge")
+        _ip("-n", sw, "link", "set", bridge, "up")
+        for i in range(self.n):
+            host, inside, outside = self.ns(i), self.ifname(i), f"{self.prefix}b{i}"
+            self._add_namespace(host)
+            _ip("link", "add", inside, "netns", host, "type", "veth",
+                "peer", "name", outside, "netns", sw)
+            _ip("-n", sw, "link", "set", outside, "mtu", str(self.mtu), "master", bridge)
+            _ip("-n", sw, "link", "set", outside, "up")
+            _ip("-n", host, "link", "set", inside, "mtu", str(self.mtu))
+            _ip("-n", host, "addr", "add", f"{self.address(i)}/24", "dev", inside)
+            _ip("-n", host, "link", "set", inside, "up")
+            _ip("-n", host, "link", "set", "lo", "up")
+            self._shape(host, inside)  # uplink: what the host sends
+            self._shape(sw, outside)  # downlink: what the bridge hands the host
+
+    def _add_namespace(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self.made.append(name)
+
+    def _shape(self, ns: str, dev: str) -> None:
+        proc = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev,
+                               "root", "tbf", "rate", self.rate, "burst", self.burst,
+                               "limit", self.limit], capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0:
+            raise RuntimeError(f"tc tbf on {dev}: {proc.stderr.strip()}")
+
+    def close(self) -> None:
+        """Delete every namespace made (their veths, bridge and qdiscs go with them)."""
+        for name in reversed(self.made):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
+        self.made = []
+
+    def round_trip(self, a: int = 0, b: int = 1, trips: int = 50) -> float:
+        """Median TCP round trip (s) of a 1-byte message from host a to host b and back."""
+        server = subprocess.Popen([*self.exec_prefix(b), sys.executable, "-c", _ECHO,
+                                   self.address(b)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            server.stdout.readline()  # listening
+            out = subprocess.run([*self.exec_prefix(a), sys.executable, "-c", _PING,
+                                  self.address(b), str(trips)], capture_output=True, text=True,
+                                 timeout=60, check=True).stdout
+        finally:
+            server.kill()
+            server.wait()
+        return statistics.median(float(x) for x in out.split())
+
+
+_ECHO = """import socket, sys
+s = socket.create_server((sys.argv[1], 29400)); print("ready", flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while (b := c.recv(1)): c.sendall(b)
+"""
+_PING = """import socket, sys, time
+c = socket.create_connection((sys.argv[1], 29400))
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter(); c.sendall(b"x"); c.recv(1); print(time.perf_counter() - t)
+"""
