@@ -40,8 +40,9 @@ def _why_not() -> str | None:
     return None
 
 
-needs_namespaces = pytest.mark.skipif(_why_not() is not None,
-                                      reason=f"no emulated hosts here: {_why_not()}")
+WHY_NOT = _why_not()  # None where namespaces can be made
+needs_namespaces = pytest.mark.skipif(WHY_NOT is not None,
+                                      reason=f"no emulated hosts here: {WHY_NOT}")
 
 
 @pytest.mark.multiproc
