@@ -221,7 +221,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
     p.add_argument("--runs", default=None, help="keep the run directories here")
     p.add_argument("--json", default=None, help="write the results to this file")
-    p.add_argument("--check", action="store_true", help=f"exit 1 beyond {GOAL:.0%}")
+    p.add_argument("--check", action="store_true", help=f"exit 1 beyond {GOAL:.0%}%")
     args = p.parse_args(argv)
     if min(args.workers) < 2 or args.steps < args.warmup + 3:
         p.error("need --workers >= 2 and --steps >= --warmup + 3")
