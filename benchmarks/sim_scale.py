@@ -1,0 +1,194 @@
+"""How far the simulated cluster scales on one machine: wall time per simulated worker-step
+against the bare step, and peak memory, at 16 to 1024 logical workers.
+
+    python benchmarks/sim_scale.py [--workers 16 256 1024] [--strategies allreduce dpsgd sgp]
+                                   [--model mlp] [--steps 100] [--json FILE]
+
+The simulator runs every logical worker's own forward, backward and optimizer step in one
+process, so a simulated worker-step can never cost less than a bare step; the rest
+(scheduling, the copies the simulated transport makes, the strategy, per-step bookkeeping)
+is overhead, and its memory per worker decides how many workers fit. Each configuration
+runs `Job.simulate` in a fresh subprocess (peak RSS is that process's VmHWM) on
+Fashion-MNIST, batch 32 per worker, SGD lr 0.05 momentum 0.9, evaluation at the end only.
+The same subprocess first times the bare step: forward, cross-entropy, backward and
+`optimizer.step()` on one model of the same kind, on the same batches, in a plain loop.
+dpsgd runs on the one-peer exponential graph (`strategy.topology = "onepeer"`, sgp's
+default). Wall and CPU seconds per worker-step are the simulation's (dataset loading
+excluded; setup and the final evaluation included) over workers x steps; the CPU column,
+unlike wall time, does not count time other processes on a shared machine took.
+
+Both run on one intra-op thread by default (`--threads`): the simulator runs one worker at
+a time anyway, and on a 2-core machine shared with other jobs a second OpenMP thread that
+gets descheduled stalls every op (the bare MLP step took 15 ms instead of 1.2 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import fastsgd as fs
+from fastsgd.data import Dataset, Shard, load_dataset
+from fastsgd.models import build_model
+
+BATCH, LR, MOMENTUM = 32, 0.05, 0.9
+STRATEGY_OPTIONS = {"dpsgd": {"strategy.topology": "onepeer"}}
+
+
+def _status_mb(key: str) -> float:
+    """A memory line of /proc/self/status (VmRSS, VmHWM), in MB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bare_step_ms(model_name: str, data: Dataset, steps: int = 100,
+                 repeats: int = 5) -> tuple[float, float]:
+    """Wall and CPU milliseconds of one plain forward+backward+SGD step: the fastest of
+    `repeats` rounds (other processes on a shared machine only ever slow a round down)."""
+    torch.manual_seed(0)
+    model = build_model(model_name, data.input_shape, data.num_classes)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    shard = Shard(data.train_x, data.train_y, BATCH, 0, 1, seed=0)
+    k = 0
+    walls, cpus = [], []
+    for rep in range(repeats + 1):  # the first round warms up
+        wall, cpu = time.perf_counter(), _cpu()
+        for _ in range(steps):
+            x, y = shard.batch(k)
+            k += 1
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        if rep:
+            walls.append((time.perf_counter() - wall) / steps * 1e3)
+            cpus.append((_cpu() - cpu) / steps * 1e3)
+    return min(walls), min(cpus)
+
+
+def _watch_rss(limit_mb: float) -> None:
+    """Exit (status 3) once this process's RSS passes `limit_mb`, before the machine's OOM
+    killer picks a victim of its own."""
+    def watch() -> None:
+        while True:
+            if _status_mb("VmRSS") > limit_mb:
+                print(f"RSS over --max-rss-gb ({limit_mb / 1024:.1f} GB): stopped",
+                      file=sys.stderr, flush=True)
+                os._exit(3)
+            time.sleep(0.2)
+    threading.Thread(target=watch, daemon=True, name="rss-watch").start()
+
+
+def measure(model: str, strategy: str, workers: int, steps: int, log_every: int = 1,
+            threads: int = 1) -> dict[str, Any]:
+    """One configuration, in this process: bare step, then the simulated run."""
+    if threads:
+        torch.set_num_threads(threads)
+    data = load_dataset("fashion_mnist")
+    bare_wall, bare_cpu = bare_step_ms(model, data)
+    base_mb = _status_mb("VmRSS")  # the dataset and one model: what any run holds
+    with tempfile.TemporaryDirectory() as out:
+        options = {"run.steps": steps, "run.eval_every": 0, "run.out": out,
+                   "run.log_every": log_every, "run.target_accuracy": 0,
+                   "data.batch_size": BATCH, "optimizer.lr": LR,
+                   "optimizer.momentum": MOMENTUM, **STRATEGY_OPTIONS.get(strategy, {})}
+        job = fs.Job(model=model, data=data, strategy=strategy, options=options, quiet=True)
+        wall, cpu = time.perf_counter(), _cpu()
+        summary = job.simulate(workers=workers).summary or {}
+        wall, cpu = time.perf_counter() - wall, _cpu() - cpu
+    worker_steps = workers * steps
+    peak_mb = _status_mb("VmHWM")
+    after_wall, after_cpu = bare_step_ms(model, data)  # again: the machine may have changed
+    bare_wall, bare_cpu = min(bare_wall, after_wall), min(bare_cpu, after_cpu)
+    return {"model": model, "strategy": strategy, "workers": workers, "steps": steps,
+            "wall_s": wall, "ms_per_worker_step": wall / worker_steps * 1e3,
+            "cpu_ms_per_worker_step": cpu / worker_steps * 1e3,
+            "bare_ms": bare_wall, "bare_cpu_ms": bare_cpu,
+            "ratio": wall / worker_steps * 1e3 / bare_wall,
+            "peak_rss_mb": peak_mb, "base_rss_mb": base_mb,
+            "mb_per_worker": (peak_mb - base_mb) / workers,
+            "threads": torch.get_num_threads(), "accuracy": summary.get("final_accuracy")}
+
+
+def run_child(model: str, strategy: str, workers: int, steps: int,
+              args: argparse.Namespace) -> dict[str, Any]:
+    """`measure` in a fresh interpreter: its peak RSS is this configuration's alone."""
+    cmd = [sys.executable, __file__, "--one", model, strategy, str(workers), str(steps),
+           "--log-every", str(args.log_every), "--threads", str(args.threads),
+           "--max-rss-gb", str(args.max_rss_gb)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"model": model, "strategy": strategy, "workers": workers, "steps": steps,
+                "error": (done.stderr.strip().splitlines() or ["killed"])[-1],
+                "returncode": done.returncode}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+HEADER = (f"{'model':6} {'strategy':10} {'workers':>7} {'steps':>5} {'wall s':>8} "
+          f"{'ms/ws':>7} {'bare ms':>7} {'ratio':>6} {'cpu ms/ws':>9} {'bare cpu':>8} "
+          f"{'peak GB':>7} {'MB/worker':>9} {'acc':>6}")
+
+
+def row(r: dict[str, Any]) -> str:
+    head = f"{r['model']:6} {r['strategy']:10} {r['workers']:>7} {r['steps']:>5}"
+    if "error" in r:
+        return f"{head} failed (exit {r['returncode']}): {r['error']}"
+    acc = f"{r['accuracy']:.3f}" if r["accuracy"] is not None else "-"
+    return (f"{head} {r['wall_s']:8.1f} {r['ms_per_worker_step']:7.3f} {r['bare_ms']:7.3f} "
+            f"{r['ratio']:6.2f} {r['cpu_ms_per_worker_step']:9.3f} {r['bare_cpu_ms']:8.3f} "
+            f"{r['peak_rss_mb'] / 1024:7.2f} {r['mb_per_worker']:9.2f} {acc:>6}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[16, 256, 1024])
+    p.add_argument("--strategies", nargs="+", default=["allreduce", "dpsgd", "sgp"])
+    p.add_argument("--model", default="mlp", choices=["mlp", "lenet"])
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--log-every", type=int, default=1, help="run.log_every")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads, bare loop and simulation alike (0: torch's "
+                   "default)")
+    p.add_argument("--max-rss-gb", type=float, default=16.0,
+                   help="stop a configuration whose RSS passes this")
+    p.add_argument("--json", help="write the rows to this file")
+    p.add_argument("--one", nargs=4, metavar=("MODEL", "STRATEGY", "WORKERS", "STEPS"),
+                   help=argparse.SUPPRESS)  # the child: one configuration, a JSON line
+    args = p.parse_args()
+    if args.one:
+        model, strategy, workers, steps = args.one
+        _watch_rss(args.max_rss_gb * 1024)
+        print(json.dumps(measure(model, strategy, int(workers), int(steps), args.log_every,
+                                 args.threads)))
+        return
+    print(HEADER, flush=True)
+    rows = []
+    for workers in args.workers:
+        for strategy in args.strategies:
+            rows.append(run_child(args.model, strategy, workers, args.steps, args))
+            print(row(rows[-1]), flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
