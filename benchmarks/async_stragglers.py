@@ -4,7 +4,7 @@ the others busy while synchronous all-reduce waits for the straggler every step.
     python benchmarks/async_stragglers.py [--steps 150] [--model lenet] [--data fashion_mnist]
 
 Each strategy trains on 4 real gloo processes (this machine), worker 3 with
-`run.slowdown = [1, 1, 1, 3]`. Samples per second is the sum over workers of each one's own
+`compute.slowdown = [1, 1, 1, 3]`. Samples per second is the sum over workers of each one's own
 rate (its samples over the time it took, up to its last step, where asynchronous strategies
 drain what is still on the wire), as summary.json reports it. On a machine with fewer cores
 than workers the fast workers share the cores; `--simulate` gives each its own.
@@ -39,7 +39,7 @@ def main() -> None:
     for name, extra in STRATEGIES:
         with tempfile.TemporaryDirectory() as out:
             options = {"run.steps": args.steps, "run.eval_every": 0, "run.out": out,
-                       "run.slowdown": [1, 1, 1, args.slowdown], "data.batch_size": args.batch,
+                       "compute.slowdown": [1, 1, 1, args.slowdown], "data.batch_size": args.batch,
                        **extra}
             job = fs.Job(model=args.model, data=args.data, strategy=name, options=options,
                          quiet=True)

@@ -36,7 +36,7 @@ def fastsgd(*args, cwd=None):
      "unknown config key 'strategy.period'"),
     (["simulate", "--set", "strategy.name=ps", "--set", "strategy.servers=9"],
      "strategy.servers"),
-    (["simulate", "--set", "run.slowdown=[1, 0.5]"], "run.slowdown"),
+    (["simulate", "--set", "compute.slowdown=[1, 0.5]"], "compute.slowdown"),
     (["run", "--set", "compression.name=zip"], "unknown codec 'zip' (compression.name)"),
     (["run", "--set", "compression.name=topk", "--set", "compression.ratio=0"],
      "compression.ratio must be in (0, 1]"),

@@ -34,7 +34,7 @@ def test_range_errors_show_the_given_value():
 @pytest.mark.parametrize("override, shown", [
     ("run.workers=four", "run.workers must be of type int, got 'four'"),
     ("run.epochs=two", "run.epochs must be of type float, got 'two'"),
-    ("run.slowdown=3", "run.slowdown must be of type list, got 3"),
+    ("compute.slowdown=3", "compute.slowdown must be of type list, got 3"),
 ])
 def test_cli_overrides(override, shown):
     with pytest.raises(ConfigError, match=shown):

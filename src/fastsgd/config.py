@@ -13,6 +13,7 @@ from typing import Any
 from fastsgd.errors import ConfigError
 from fastsgd.objects import is_import_path
 from fastsgd.options import Option, at_least, between, one_of, positive, validate_section
+from fastsgd.units import bandwidth_check, time_check
 
 try:
     import tomllib
@@ -22,6 +23,20 @@ except ModuleNotFoundError:  # Python 3.10
 def _slowdowns(values: list) -> str | None:
     ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1 for v in values)
     return None if ok else "must be a list of numbers >= 1 (one factor per worker rank)"
+
+
+def _below_one(v: float) -> str | None:
+    return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def _bandwidths(values: dict) -> str | None:
+    ok = all(str(k).isdigit() and not bandwidth_check(v) and isinstance(v, str)
+             for k, v in values.items())
+    return None if ok else 'must map worker ranks to bandwidths, e.g. {3 = "10Mbit"}'
+
+
+def _time(doc: str, default: str = "") -> Option:
+    return Option(str, default, time_check, doc)
 
 
 def _optimizer_name(name: str) -> str | None:
@@ -41,7 +56,6 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "eval_every": Option(int, 500, at_least(0), "evaluate every N steps; 0 = at the end"),
         "target_accuracy": Option(float, 0.88, between(0, 1), "for time_to_target; 0 = none"),
         "log_every": Option(int, 1, at_least(1), "write metrics.jsonl every N steps"),
-        "slowdown": Option(list, [], _slowdowns, "per-worker compute factors, e.g. [1, 1, 1, 3]"),
         "representative": Option(str, "average", one_of(("average", "best", "rank0")),
                                  "the model saved and evaluated"),
         "backend": Option(str, "auto", one_of(("auto", "gloo", "nccl")), "torch.distributed"),
@@ -69,19 +83,36 @@ SCHEMA: dict[str, dict[str, Option]] = {
     },
     "strategy": {"name": Option(str, "allreduce", doc="see fastsgd.strategies")},
     "compression": {"name": Option(str, "none", doc="see fastsgd.compress")},
-    "network": {
-        "bandwidth": Option(str, "10Gbit", doc="simulated link bandwidth, e.g. 100Mbit, 1GB"),
-        "latency": Option(str, "50us", doc="simulated per-message latency, e.g. 20ms"),
-        "jitter": Option(str, "0s", doc="extra random delay per message, up to e.g. 5ms"),
+    "compute": {  # the simulator's compute model; slowdown and stragglers act on real runs too
+        "model": Option(str, "profile", one_of(("profile", "fixed", "measured")),
+                        "simulated compute: profile | fixed | measured (docs/simulator.md)"),
+        "step_time": _time("fixed: forward + backward, charged 1:2, e.g. 25ms"),
+        "forward": _time("time of one forward pass (profile measures it)"),
+        "backward": _time("time of one backward pass (profile measures it)"),
+        "update": _time("time of one optimizer step (profile measures it)"),
+        "codec": _time("time to encode + decode one step's gradient (profile measures it)"),
+        "reduce_bandwidth": Option(str, "", bandwidth_check, "rate of adding a received vector "
+                                   "into one's own, e.g. 10GB (profile measures it)"),
+        "slowdown": Option(list, [], _slowdowns, "per-worker compute factors, e.g. [1, 1, 1, 3]"),
+        "straggler_prob": Option(float, 0.0, _below_one, "chance a worker's step is slow"),
+        "straggler_factor": Option(float, 4.0, at_least(1), "how much slower that step is"),
+        "sigma": Option(float, 0.0, at_least(0), "log-normal noise on every step's compute"),
+        "trace": Option(str, "", doc="CSV: each worker's windows, speed, bandwidth"),
+    },
+    "network": {  # the simulated network (docs/simulator.md)
+        "bandwidth": Option(str, "10Gbit", bandwidth_check, "each worker's NIC, each way"),
+        "latency": _time("per-message latency between nodes", "50us"),
+        "jitter": _time("extra random delay per message, up to e.g. 5ms", "0s"),
+        "workers_per_node": Option(int, 1, at_least(1), "workers sharing a node"),
+        "intra_bandwidth": Option(str, "100Gbit", bandwidth_check, "between workers of a node"),
+        "intra_latency": _time("between workers of a node", "2us"),
+        "bandwidths": Option(dict, {}, _bandwidths, 'per-worker NICs, e.g. {3 = "10Mbit"}'),
+        "loss": Option(float, 0.0, _below_one, "probability that a message is lost"),
+        "rto": _time("TCP retransmission timeout after a loss", "200ms"),
     },
 }
+MOVED = {("run", "slowdown"): "compute"}  # keys of older configs, read where they live now
 OPEN_SECTIONS = ("strategy", "compression")  # their other keys belong to the chosen component
-
-
-def slowdown_of(config: dict, rank: int) -> float:
-    """How many times slower than measured worker `rank` computes (a straggler, for tests)."""
-    factors = config["run"]["slowdown"]
-    return float(factors[rank]) if rank < len(factors) else 1.0
 
 
 def defaults() -> dict[str, dict[str, Any]]:
@@ -136,6 +167,7 @@ def validate(raw: dict) -> dict:
     unknown = sorted(set(raw) - set(SCHEMA))
     if unknown:
         raise ConfigError(f"unknown config section [{unknown[0]}]; known: {', '.join(SCHEMA)}")
+    raw = _moved_keys(raw)
     config = {}
     for section, schema in SCHEMA.items():
         values = raw.get(section, {})
@@ -152,6 +184,18 @@ def validate(raw: dict) -> dict:
     config["strategy"] = check_strategy(config["strategy"])
     config["compression"] = check_codec(config["compression"])
     return config
+
+
+def _moved_keys(raw: dict) -> dict:
+    """A config written before a key moved still reads (its run.slowdown is compute.slowdown)."""
+    for (section, key), now in MOVED.items():
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            raw = {**raw, section: dict(raw[section])}
+            value = raw[section].pop(key)
+            target = raw.setdefault(now, {})
+            if isinstance(target, dict) and key not in target:
+                raw[now] = {**target, key: value}
+    return raw
 
 
 def merged(config: dict, **sections: dict) -> dict:
@@ -179,8 +223,15 @@ def _toml_value(v: Any) -> str:
         return repr(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
     s = str(v).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{s}"'
+
+
+def _toml_key(key: Any) -> str:
+    text = str(key)
+    return text if text.replace("_", "").replace("-", "").isalnum() else _toml_value(text)
 
 
 def describe_keys(strategies: Any, codecs: Any) -> str:

@@ -26,10 +26,13 @@ from fastsgd.launch import launch
 from fastsgd.metrics import read_jsonl
 from fastsgd.models import build_model
 from fastsgd.objects import is_import_path, resolve
+from fastsgd.observe import EvalLog, Observer
+from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
-from fastsgd.transport.sim import Network, simulate
+from fastsgd.transport.sim import ComputeModel, Network, load_trace, simulate
+from fastsgd.transport.sim.compute import compute_model
 from fastsgd.transport.torch_dist import TorchTransport
 from fastsgd.worker import EvalFn, Plan, StepFn, train
 
@@ -114,14 +117,24 @@ class Job:
         return _result(plan.run_dir)
 
     def simulate(self, workers: int | None = None, network: Network | None = None,
-                 slowdown: dict[int, float] | None = None) -> Result:
-        """Train `workers` logical workers in this process on a virtual clock and network."""
+                 compute: ComputeModel | None = None) -> Result:
+        """Train `workers` logical workers in this process on a virtual clock and network.
+        The `[network]` and `[compute]` sections describe them, unless given here."""
         config = self._with_workers(workers)
-        net = network or Network.parse(**config["network"], seed=config["run"]["seed"])
+        seed, n = config["run"]["seed"], config["run"]["workers"]
+        net = network or Network.parse(**config["network"], seed=seed)
+        net.check(n)
+        if compute is None:
+            _check_compute(config["compute"], n, seed)
         plan = self.plan(config, simulated=True)
-        n = config["run"]["workers"]
-        slowdown = slowdown or {r: cfg.slowdown_of(config, r) for r in range(n)}
-        simulate(n, lambda t: train(plan, t), net, slowdown)
+        if compute is None and needs_profile(config["compute"]):
+            plan.config = cfg.merged(plan.config, compute=profile(plan))
+        model = compute or compute_model(plan.config["compute"], seed)
+        plan.observer = Observer(n, plan.config["run"]["representative"],
+                                 lambda m: plan.evaluate(m, plan.dataset, torch.device("cpu")),
+                                 EvalLog(plan.run_dir / "eval.jsonl",
+                                         plan.config["run"]["target_accuracy"]))
+        simulate(n, lambda t: train(plan, t), net, model)
         return _result(plan.run_dir)
 
     def _run_here(self) -> Result:
@@ -205,6 +218,14 @@ def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:
         raise UserError(f"compression.name = '{codec.name}' applies momentum itself "
                         f"(compression.momentum = {momentum}): set optimizer.momentum = 0, "
                         f"not {optimizer['momentum']}")
+
+
+def _check_compute(section: dict, workers: int, seed: int) -> None:
+    """Bad `[compute]` input fails before the run directory exists (one line)."""
+    if section["trace"]:
+        load_trace(section["trace"]).check(workers)
+    if not needs_profile(section):
+        compute_model(section, seed)
 
 
 def _train_process(plan: Plan) -> None:

@@ -19,16 +19,18 @@ import torch
 import torch.nn.functional as F
 
 from fastsgd.compress import Compressor
-from fastsgd.config import slowdown_of, to_toml
+from fastsgd.config import to_toml
 from fastsgd.data import Dataset, Shard, test_batches
 from fastsgd.errors import UserError
 from fastsgd.metrics import PHASES, JsonLines, write_json
+from fastsgd.observe import EvalLog, Observer
 from fastsgd.progress import Progress
 from fastsgd.replica import Replica
 from fastsgd.representative import representative
 from fastsgd.rundir import environment, host_names
 from fastsgd.strategies import Strategy
 from fastsgd.transport.base import Transport
+from fastsgd.transport.sim.compute import heterogeneity
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 StepFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
@@ -73,6 +75,7 @@ class Plan:
     compressor: Compressor
     simulated: bool = False
     progress: bool = True
+    observer: Observer | None = None  # the simulator's free evaluations
 
     def total_steps(self, world_size: int) -> int:
         run = self.config["run"]
@@ -110,17 +113,16 @@ class _Loop:
         self.shard = plan.shard(self.rank, self.world)
         self.steps = plan.total_steps(self.world)
         run = plan.config["run"]
-        self.eval_every, self.target = run["eval_every"], run["target_accuracy"]
+        self.eval_every = run["eval_every"]
         self.metrics = JsonLines(plan.run_dir / "metrics.jsonl")
         self.log_every = run["log_every"]
-        self.evals = JsonLines(plan.run_dir / "eval.jsonl", flush_every=1)
         self.sent = self.received = 0
-        self.eval_time = self.eval_wall = 0.0  # on the run's clock, and wall seconds
-        self.evaluations = 0
-        self.time_to_target: float | None = None
-        self.last_eval: tuple[int, float, float, float] | None = None  # rank 0 only
-        self.evaluated: tuple[int, torch.nn.Module | None] = (0, None)  # step, representative
-        self.slowdown = slowdown_of(plan.config, self.rank)
+        self.eval_time = 0.0  # evaluation time on the run's clock (real processes)
+        self.log = plan.observer.log if plan.observer else EvalLog(
+            plan.run_dir / "eval.jsonl", run["target_accuracy"])
+        self.evaluated = 0  # the last step evaluated
+        self.spread = heterogeneity(plan.config["compute"], run["seed"])
+        self.codec = plan.compressor.name != "none"
         replica.ctx.score = lambda: self.score(self.model, own=True)
         self.progress = Progress(self.steps, enabled=plan.progress and self.rank == 0)
 
@@ -133,10 +135,10 @@ class _Loop:
             loss = self.step(k)
             if self.eval_every and (k + 1) % self.eval_every == 0:
                 self.evaluate(k + 1)
-            self.progress.update(k + 1, loss, self.last_eval and self.last_eval[1])
+            self.progress.update(k + 1, loss, self.log.last and self.log.last[1])
         self.metrics.flush()
         self.progress.close()
-        return self.finish(time.perf_counter() - wall - self.eval_wall)
+        return self.finish(time.perf_counter() - wall)
 
     def record_environment(self) -> None:
         """config.toml (what ran) and environment.json (where, with what) in the run dir."""
@@ -162,14 +164,18 @@ class _Loop:
         t2 = now()
         self.optimizer.zero_grad()
         loss = self.plan.step(self.model, (x, y))
+        t.compute("forward", k)
         t3 = now()
         loss.backward()
-        if self.slowdown > 1 and not self.plan.simulated:  # the simulator scales it itself
-            time.sleep((self.slowdown - 1) * (now() - t2))
+        t.compute("backward", k)
+        self.straggle(k, now() - t2)
         t4 = now()
+        if self.codec:
+            t.compute("codec", k)
         self.replica.sync_gradients()
         t5 = now()
         self.optimizer.step()
+        t.compute("update", k)
         t6 = now()
         self.replica.sync_parameters()
         t7 = now()
@@ -183,16 +189,30 @@ class _Loop:
         self.received += t.bytes_received - received
         if (k + 1) % self.log_every == 0 or k + 1 == self.steps:
             timings = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, (t5 - t4) + (t7 - t6), t6 - t5)
+            timings = tuple(round(s, 9) for s in timings)  # to the ns: no float dust
             self.metrics.write({
-                "step": k + 1, "rank": self.rank, "time": t7, "loss": value,
+                "step": k + 1, "rank": self.rank, "time": round(t7, 9), "loss": value,
                 **dict(zip(PHASES, timings)),
                 "bytes_sent": t.bytes_sent - sent, "bytes_received": t.bytes_received - received,
                 "staleness": self.replica.ctx.stats.get("staleness", 0)})
         return value
 
-    def evaluate(self, step: int) -> torch.nn.Module:
-        """Collective: every worker joins; rank 0 evaluates and logs. Not training time:
-        the clock stops once every worker has finished its step."""
+    def straggle(self, k: int, seconds: float) -> None:
+        """On real processes, a slow worker (compute.slowdown, stragglers) sleeps the extra
+        time its forward + backward would have taken; the simulator charges it itself."""
+        factor = 1.0 if self.plan.simulated else self.spread.factor(self.rank, k)
+        if factor > 1:
+            time.sleep((factor - 1) * seconds)
+
+    def evaluate(self, step: int) -> None:
+        """Simulated: hand the replica to the observer, for free (observe.py). Real: a
+        collective, every worker joins and rank 0 evaluates; not training time: the clock
+        stops once every worker has finished its step."""
+        self.evaluated = step
+        if self.plan.observer is not None:
+            self.plan.observer.hand_in(step, self.rank, self.model, self.clock(), self.score)
+            self.t.off_clock()
+            return
         self.t.barrier()
         when, began, wall = self.clock(), self.t.now(), time.perf_counter()
         consensus = self.replica.consensus_distance()
@@ -200,17 +220,10 @@ class _Loop:
                                self.score)
         if self.rank == 0:
             accuracy, loss = self.plan.evaluate(model, self.plan.dataset, self.t.device)
-            self.last_eval = (step, accuracy, loss, consensus)
-            self.evals.write({"step": step, "time": when, "accuracy": accuracy, "loss": loss,
-                              "consensus_distance": consensus})
-            if self.target and accuracy >= self.target and self.time_to_target is None:
-                self.time_to_target = when
-        self.evaluated = (step, model)
-        self.t.off_clock()
+            self.log.record(step, when, model, accuracy, loss, consensus)
+        self.log.count += 1
         self.eval_time += self.t.now() - began
-        self.eval_wall += time.perf_counter() - wall
-        self.evaluations += 1
-        return model
+        self.log.wall += time.perf_counter() - wall
 
     def score(self, model: torch.nn.Module, own: bool = False) -> float:
         """Loss on a fixed sample of 1024 training examples: the same for every worker
@@ -224,9 +237,8 @@ class _Loop:
 
     def finish(self, wall_time: float) -> dict[str, Any] | None:
         end = self.clock()
-        if self.evaluated[0] != self.steps:
+        if self.evaluated != self.steps:
             self.evaluate(self.steps)
-        model = self.evaluated[1]
         # each worker's own rate up to its last step (where asynchronous strategies drain,
         # waiting for the slowest): fast workers get more done
         steps, seconds = (self.steps - 1, self.penultimate) if self.steps > 1 else (1, end)
@@ -236,27 +248,29 @@ class _Loop:
         self.t.all_reduce(totals)
         if self.rank != 0:
             return None
+        model = self.log.model[1]  # in the simulator, all have handed in: totals waited
         torch.save(model.state_dict(), self.plan.run_dir / "model.pt")
-        summary = self.summary(wall_time, end, totals.tolist())
+        summary = self.summary(wall_time - self.log.wall, end, totals.tolist())
         write_json(self.plan.run_dir / "summary.json", summary)
         return summary
 
     def summary(self, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
         cfg = self.plan.config
-        assert self.last_eval is not None
+        last = self.log.last
+        assert last is not None
         return {
             "strategy": cfg["strategy"]["name"], "compressor": cfg["compression"]["name"],
             "topology": cfg["strategy"].get("topology", "complete"),
             "workers": self.world, "steps": self.steps,
             "epochs": self.steps / self.shard.steps_per_epoch,
             "global_batch": self.world * cfg["data"]["batch_size"],
-            "final_accuracy": self.last_eval[1], "final_loss": self.last_eval[2],
-            "target_accuracy": self.target or None, "time_to_target": self.time_to_target,
+            "final_accuracy": last[1], "final_loss": last[2],
+            "target_accuracy": self.log.target or None, "time_to_target": self.log.time_to_target,
             "wall_time": wall_time, "simulated_time": end if self.plan.simulated else None,
-            "eval_time": self.eval_wall, "evaluations": self.evaluations,
+            "eval_time": self.log.wall, "evaluations": self.log.count,
             "samples_per_second": totals[2],
             "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
-            "consensus_distance": self.last_eval[3], "representative": cfg["run"]["representative"],
+            "consensus_distance": last[3], "representative": cfg["run"]["representative"],
             "mode": "simulated" if self.plan.simulated else "real",
             "run_dir": str(self.plan.run_dir),
         }

@@ -6,11 +6,11 @@ import torch
 from fastsgd.compress import build_compressor
 from fastsgd.strategies import Context
 from fastsgd.strategies.async_gossip import SGP
-from fastsgd.transport.sim import Network, simulate
+from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, simulate
 from tests.strategies.helpers import sim_job
 
 JITTERY = Network.parse("1Gbit", "1ms", jitter="20ms", seed=3)
-STRAGGLERS = {0: 1.0, 1: 3.0, 2: 1.0, 3: 7.0, 4: 2.0}
+STRAGGLERS = ComputeModel(spread=Heterogeneity((1.0, 3.0, 1.0, 7.0, 2.0)))
 
 
 @pytest.mark.parametrize("codec", ["none", "topk", "onebit"])
@@ -65,7 +65,7 @@ def test_statement_1_complete_communication_ends_consistent():
 ])
 def test_asynchronous_strategies_train(strategy, synthetic, tmp_path):
     job = sim_job(synthetic, tmp_path, strategy, steps=150, **{
-        "network.jitter": "2ms", "run.slowdown": [1, 1, 1, 3]})
+        "network.jitter": "2ms", "compute.slowdown": [1, 1, 1, 3]})
     assert job.simulate(4).accuracy > 0.6
 
 
@@ -116,7 +116,8 @@ def test_replicas_end_averaged_unless_asked_not_to(name, synthetic, tmp_path):
     spread = {}
     for average in (True, False):
         job = sim_job(synthetic, tmp_path / str(average), {"name": name,
-                      "average_at_end": average}, steps=30)
-        result = job.simulate(workers=4, network=JITTERY, slowdown={1: 3.0, 3: 7.0})
+                      "average_at_end": average}, steps=30,
+                      **{"compute.slowdown": [1, 3, 1, 7]})
+        result = job.simulate(workers=4, network=JITTERY)
         spread[average] = result.summary["consensus_distance"]
     assert spread[True] < 1e-12 < 1e-6 < spread[False]

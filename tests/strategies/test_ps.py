@@ -22,7 +22,7 @@ def test_one_worker_push_fetch_every_step_is_local_sgd(momentum, synthetic, tmp_
 def test_ps_trains_with_stragglers_and_jitter(strategy, synthetic, tmp_path):
     # the server adds up every worker's steps: a smaller rate than synchronous SGD's
     job = sim_job(synthetic, tmp_path, strategy, steps=150, **{
-        "network.jitter": "2ms", "run.slowdown": [1, 1, 1, 3], "optimizer.lr": 0.02})
+        "network.jitter": "2ms", "compute.slowdown": [1, 1, 1, 3], "optimizer.lr": 0.02})
     result = job.simulate(4)
     assert result.accuracy > 0.55
     assert max(m["staleness"] for m in result.metrics()) >= 1
@@ -76,10 +76,11 @@ def _check_conservation(results):
 
 
 def test_the_servers_hold_every_push_simulated():
-    from fastsgd.transport.sim import Network, simulate
+    from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, simulate
 
     net = Network.parse("1Gbit", "1ms", jitter="3ms")
-    _check_conservation(simulate(4, _conservation, net, {0: 1.0, 1: 2.0, 2: 1.0, 3: 5.0}))
+    stragglers = ComputeModel(spread=Heterogeneity((1.0, 2.0, 1.0, 5.0)))
+    _check_conservation(simulate(4, _conservation, net, stragglers))
 
 
 @pytest.mark.multiproc

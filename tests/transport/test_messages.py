@@ -7,7 +7,7 @@ import torch.distributed as dist
 from fastsgd.errors import UserError
 from fastsgd.launch import launch
 from fastsgd.transport.frames import HEADER_BYTES
-from fastsgd.transport.sim import Network, simulate
+from fastsgd.transport.sim import ComputeModel, Network, simulate
 from fastsgd.transport.torch_dist import TorchTransport
 
 NET = Network.parse("100Mbit", "1ms")
@@ -32,7 +32,7 @@ def check(results, n):
 
 
 def test_simulated_messages_arrive_after_latency_plus_size():
-    check(simulate(3, exchange, NET, {r: 0.0 for r in range(3)}), 3)
+    check(simulate(3, exchange, NET, ComputeModel.free()), 3)
 
     def timed(t):
         if t.rank == 0:
@@ -41,7 +41,7 @@ def test_simulated_messages_arrive_after_latency_plus_size():
         t.wait_message(1)
         return t.now()
 
-    arrival = simulate(2, timed, NET, {0: 0.0, 1: 0.0})[1]
+    arrival = simulate(2, timed, NET, ComputeModel.free())[1]
     assert arrival == pytest.approx(NET.latency + (HEADER_BYTES + 4000) / NET.bandwidth)
 
 
@@ -51,10 +51,10 @@ def test_poll_returns_only_what_has_arrived():
             t.post(torch.ones(3), 1, tag=5)
             return None
         early = t.poll(5)  # at virtual time 0 the message is still on the wire
-        t.scheduler.wake(1, 1.0)
+        t.scheduler.charge(1, 1_000_000_000)
         return len(early), len(t.poll(5))
 
-    assert simulate(2, worker, NET, {0: 0.0, 1: 0.0})[1] == (0, 1)
+    assert simulate(2, worker, NET, ComputeModel.free())[1] == (0, 1)
 
 
 def _real(fn, out):
@@ -78,7 +78,7 @@ def _garbage(t):
     t.start_messages()
     if t.rank == 1:
         bad = torch.tensor([0xBAD] * 8, dtype=torch.int64)
-        dist.isend(bad, 0, t._messenger.group, tag=101).wait()
+        dist.isend(bad, 0, t._messenger.control, tag=101).wait()
         return None
     t.wait_message(3)
 
@@ -103,7 +103,7 @@ def check_ring(results, n):
 
 
 def test_simulated_exchange():
-    check_ring(simulate(3, ring_exchange, NET, {r: 0.0 for r in range(3)}), 3)
+    check_ring(simulate(3, ring_exchange, NET, ComputeModel.free()), 3)
 
 
 @pytest.mark.multiproc

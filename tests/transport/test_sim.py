@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from fastsgd.transport.base import ring_allreduce_bytes
-from fastsgd.transport.sim import Network, simulate
+from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, simulate
 
 NET = Network.parse("100Mbit", "2ms")
-FREE = {r: 0.0 for r in range(8)}  # slowdown 0: compute takes no virtual time
+FREE = ComputeModel.free()  # compute takes no virtual time
 
 
 def test_allreduce_sums_and_takes_the_ring_time():
@@ -24,12 +24,10 @@ def test_allreduce_sums_and_takes_the_ring_time():
 
 
 def test_collectives_wait_for_the_last_worker_and_share_the_links():
-    slow = {0: 0.0, 1: 0.0}
-
     def worker(t):
         a, b = torch.ones(250), torch.ones(250)
         if t.rank == 1:
-            t.scheduler.wake(1, 0.5)  # rank 1 arrives at t = 0.5
+            t.scheduler.charge(1, 500_000_000)  # rank 1 arrives at t = 0.5
         h1 = t.all_reduce(a, async_op=True)
         h2 = t.all_reduce(b, async_op=True)
         h1.wait()
@@ -37,7 +35,7 @@ def test_collectives_wait_for_the_last_worker_and_share_the_links():
         h2.wait()
         return first, t.now()
 
-    out = simulate(2, worker, NET, slow)
+    out = simulate(2, worker, NET, FREE)
     one = NET.allreduce_time(1000, 2)
     assert out[0] == pytest.approx((0.5 + one, 0.5 + 2 * one))
     assert out[1] == out[0]
@@ -100,8 +98,8 @@ def test_slowdown_scales_measured_compute():
         return t.now()
 
     # the straggler's compute is 1e4 times longer: everyone waits for it at the barrier
-    fast = simulate(2, worker, NET, {0: 1.0, 1: 1.0})
-    slow = simulate(2, worker, NET, {0: 1.0, 1: 1e4})
+    fast = simulate(2, worker, NET, ComputeModel())
+    slow = simulate(2, worker, NET, ComputeModel(spread=Heterogeneity((1.0, 1e4))))
     assert slow[0] > 100 * fast[0]  # the fast worker's clock waited for the straggler
     assert slow[1] >= slow[0]
 

@@ -126,7 +126,9 @@ class ParameterServer(Configurable, section="strategy"):
                 delta = local[part] - self._pushed[part]
                 payload = (self._codec.encode(delta, state["push"][k]) if "push" in state
                            else self._codec.compress(delta))
-                t.post(message(payload, self._versions[k]), k, PUSH)
+                # a lost push is skipped: its progress stays in this worker's copy until
+                # the next fetch replaces it (docs/strategies.md)
+                t.post(message(payload, self._versions[k]), k, PUSH, droppable=True)
             self._pushed = local
         if step % self.n_fetch == 0 or last:
             for k, part in enumerate(self._slices):

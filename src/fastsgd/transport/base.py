@@ -69,8 +69,10 @@ class Transport(Protocol):
         """Collective: prepare for asynchronous messages (post/poll/wait_message)."""
         ...
 
-    def post(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
-        """Send an asynchronous message: it never waits for the receiver."""
+    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
+        """Send an asynchronous message: it never waits for the receiver. A `droppable` one
+        may be lost on a lossy (simulated) network; the others are sent again until they
+        arrive, as TCP does."""
         ...
 
     def poll(self, tag: int) -> list[tuple[int, torch.Tensor]]:
@@ -87,6 +89,11 @@ class Transport(Protocol):
 
     def off_clock(self) -> None:
         """Exclude the time since the last call from the simulated clock (no-op when real)."""
+        ...
+
+    def compute(self, phase: str, step: int) -> None:
+        """`phase` (forward, backward, update, codec) of `step` is done: the simulator charges
+        its compute model's time for it (no-op when real)."""
         ...
 
 

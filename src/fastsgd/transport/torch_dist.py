@@ -162,8 +162,9 @@ class TorchTransport:
         if self._messenger is None:
             self._messenger = Messenger(self.rank, self.world_size, self._count_received)
 
-    def post(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
-        """Send an asynchronous message; the receiver takes it with poll or wait_message."""
+    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
+        """Send an asynchronous message; the receiver takes it with poll or wait_message.
+        Over TCP nothing is lost, `droppable` or not."""
         if dst != self.rank:  # a message to oneself never leaves the process
             self._count(frame_bytes(tensor), 0)
         self._require_messages().send(tensor, dst, tag)
@@ -200,6 +201,9 @@ class TorchTransport:
 
     def off_clock(self) -> None:
         """Real time cannot be paused; kept for symmetry with the simulator."""
+
+    def compute(self, phase: str, step: int) -> None:
+        """Real compute took the time it took: nothing to charge."""
 
     def close(self) -> None:
         if self._messenger is not None:

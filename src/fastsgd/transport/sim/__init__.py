@@ -5,21 +5,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fastsgd.transport.sim.compute import ComputeModel, Heterogeneity
 from fastsgd.transport.sim.network import Network, parse_bandwidth, parse_seconds
 from fastsgd.transport.sim.scheduler import Scheduler, SimAborted
+from fastsgd.transport.sim.trace import Trace, load_trace
 from fastsgd.transport.sim.transport import SimFabric, SimTransport
 
-__all__ = ["Network", "SimAborted", "SimTransport", "parse_bandwidth", "parse_seconds",
-           "simulate"]
+__all__ = ["ComputeModel", "Heterogeneity", "Network", "SimAborted", "SimTransport", "Trace",
+           "load_trace", "parse_bandwidth", "parse_seconds", "simulate"]
 
 
 def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Network | None = None,
-             slowdown: dict[int, float] | None = None) -> list[Any]:
+             compute: ComputeModel | None = None) -> list[Any]:
     """Run `fn(transport)` for each of `world_size` logical workers; return their results.
 
-    `slowdown[rank]` multiplies the compute time a worker measures (a straggler).
+    `compute` says how long computing takes (default: the wall time it took, measured).
     """
-    scheduler = Scheduler(world_size, slowdown)
-    fabric = SimFabric(world_size, network or Network(), scheduler)
+    compute = compute or ComputeModel()
+    network = network or Network()
+    network.check(world_size)
+    if compute.trace is not None:
+        compute.trace.check(world_size)
+    factors = None if compute.deterministic else [compute.factor(r, 0, 0)
+                                                  for r in range(world_size)]
+    scheduler = Scheduler(world_size, factors)
+    fabric = SimFabric(world_size, network, scheduler, compute)
     transports = [SimTransport(r, fabric) for r in range(world_size)]
     return scheduler.run([lambda t=t: fn(t) for t in transports])

@@ -1,12 +1,17 @@
 """A discrete-event loop over logical workers that run as threads, one at a time.
 
 Each worker is ordinary blocking Python (the same strategy code that runs on real processes).
-Every transport call is a scheduling point: the worker's virtual clock advances by the
-compute time it measured since it was last resumed, then it hands control back. The
-scheduler always resumes the runnable worker with the earliest clock, unless an event
-(a message arriving, a collective completing) is due first. So when a worker acts at
-virtual time t, everything that happened before t in the cluster has already happened:
-the simulation is causal, and for a given order of clocks, deterministic.
+Every transport call is a scheduling point: the runnable worker with the earliest clock runs
+next, unless an event (a message arriving, a collective completing) is due first. So when a
+worker acts at virtual time t, everything that happened before t in the cluster has already
+happened: the simulation is causal. The thread that stops picks and wakes the next one
+itself (one thread switch per scheduling point), and goes straight on when it is still the
+earliest.
+
+Clocks are integer nanoseconds and ties go by (time, sequence) for events and (time, rank)
+for workers, so with a modeled compute time (`charge`) a run is a pure function of its
+inputs. With measured compute (`wall_factor` > 0) the wall time a worker took since it was
+resumed is charged too, times that factor: realistic but not reproducible.
 """
 
 from __future__ import annotations
@@ -27,33 +32,56 @@ class SimAborted(Exception):
 @dataclass
 class _Worker:
     rank: int
-    slowdown: float = 1.0
-    clock: float = 0.0
+    wall_factor: float = 0.0  # measured compute: charge wall time times this
+    clock: int = 0  # ns
     runnable: bool = True
     done: bool = False
+    version: int = 0  # of its entry in the ready heap (older entries are stale)
     resumed_at: float = 0.0
     resume: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
 
 
 class Scheduler:
-    def __init__(self, world_size: int, slowdown: dict[int, float] | None = None):
-        slowdown = slowdown or {}
-        self.workers = [_Worker(r, slowdown.get(r, 1.0)) for r in range(world_size)]
-        self._events: list[tuple[float, int, Callable[[], None]]] = []
+    def __init__(self, world_size: int, wall_factors: list[float] | None = None):
+        """`wall_factors`: measured compute, each worker's wall time charged times its factor
+        (None: compute is charged only by `charge`)."""
+        factors = wall_factors or [0.0] * world_size
+        self.workers = [_Worker(r, factors[r]) for r in range(world_size)]
+        self._ready = [(0, r, 0) for r in range(world_size)]  # (clock, rank, version)
+        self._events: list[tuple[int, int, Callable[[], None]]] = []
         self._seq = itertools.count()
-        self._back = threading.Semaphore(0)
+        self._idle = threading.Semaphore(0)  # released when nothing more can run
         self._current: _Worker | None = None
         self._aborted = False
         self._errors: list[tuple[int, BaseException]] = []
 
     # ---- called by worker threads -------------------------------------------------------
-    def now(self, rank: int) -> float:
+    def now(self, rank: int) -> int:
+        """Worker `rank`'s clock in ns."""
         w = self.workers[rank]
-        return w.clock + self._elapsed(w) if w is self._current else w.clock
+        return w.clock + self._elapsed(w) if w is self._current and w.wall_factor else w.clock
+
+    def charge(self, rank: int, ns: int) -> None:
+        """Advance the worker's clock by a modeled compute time."""
+        self.workers[rank].clock += ns
+
+    def set_wall_factor(self, rank: int, factor: float) -> None:
+        """Measured compute: charge the wall time since the last scheduling point, and from
+        now on, times `factor`."""
+        w = self.workers[rank]
+        w.wall_factor = factor
+        w.clock += self._elapsed(w)
+        w.resumed_at = time.perf_counter()
 
     def yield_(self, rank: int) -> None:
-        """Scheduling point: charge the compute done so far, let earlier workers catch up."""
-        self._switch(self.workers[rank], runnable=True)
+        """Scheduling point: charge the compute done so far, let earlier workers and events
+        catch up. Goes straight on when nothing is due before this worker's clock."""
+        w = self.workers[rank]
+        if w.wall_factor:
+            w.clock += self._elapsed(w)
+            w.resumed_at = time.perf_counter()
+        if self._due_before(w):
+            self._switch(w, runnable=True)
 
     def block(self, rank: int) -> None:
         """Wait until an event calls `wake(rank, t)`."""
@@ -63,14 +91,61 @@ class Scheduler:
         """Forget the compute time since the last scheduling point (e.g. evaluation)."""
         self.workers[rank].resumed_at = time.perf_counter()
 
-    # ---- called from event callbacks (scheduler thread) -----------------------------------
-    def at(self, when: float, action: Callable[[], None]) -> None:
+    # ---- called from event callbacks --------------------------------------------------------
+    def at(self, when: int, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (when, next(self._seq), action))
 
-    def wake(self, rank: int, when: float) -> None:
+    def wake(self, rank: int, when: int) -> None:
         w = self.workers[rank]
         w.clock = max(w.clock, when)
         w.runnable = True
+        self._push(w)
+
+    # ---- the ready heap ----------------------------------------------------------------------
+    def _push(self, w: _Worker) -> None:
+        w.version += 1
+        heapq.heappush(self._ready, (w.clock, w.rank, w.version))
+
+    def _first_ready(self) -> _Worker | None:
+        """The runnable worker with the earliest (clock, rank), left in the heap."""
+        while self._ready:
+            _, rank, version = self._ready[0]
+            w = self.workers[rank]
+            if version == w.version and w.runnable and not w.done:
+                return w
+            heapq.heappop(self._ready)
+        return None
+
+    def _due_before(self, w: _Worker) -> bool:
+        """Would an event or another worker come before `w` goes on?"""
+        if self._events and self._events[0][0] <= w.clock:
+            return True
+        other = self._first_ready()
+        return other is not None and (other.clock, other.rank) < (w.clock, w.rank)
+
+    def _next(self) -> _Worker | None:
+        """Run the events due before the earliest runnable worker and take that worker off
+        the heap; None when nothing can run (all done, a deadlock or an error)."""
+        while not self._errors and not self._aborted:
+            nxt = self._first_ready()
+            if self._events and (nxt is None or self._events[0][0] <= nxt.clock):
+                _, _, action = heapq.heappop(self._events)
+                action()
+                continue
+            if nxt is not None:
+                heapq.heappop(self._ready)
+            return nxt
+        return None
+
+    def _resume(self, nxt: _Worker | None) -> None:
+        """Hand the processor to `nxt`, or tell `run` that nothing more can run."""
+        if nxt is None:
+            self._current = None
+            self._idle.release()
+            return
+        self._current = nxt
+        nxt.resumed_at = time.perf_counter()
+        nxt.resume.release()
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self, fns: list[Callable[[], Any]]) -> list[Any]:
@@ -82,34 +157,19 @@ class Scheduler:
         for t in threads:
             t.start()
         try:
-            self._loop()
+            self._resume(self._next())
+            self._idle.acquire()
         finally:
             self._abort_rest()
             for t in threads:
                 t.join(timeout=10)
         if self._errors:
             raise sorted(self._errors, key=lambda e: e[0])[0][1]
+        stuck = [w.rank for w in self.workers if not w.done]
+        if stuck:
+            raise RuntimeError(f"simulation deadlock: workers {stuck} wait for messages "
+                               "or collectives that never come")
         return results
-
-    def _loop(self) -> None:
-        while not self._errors:
-            ready = [w for w in self.workers if w.runnable and not w.done]
-            if not ready and not self._events:
-                if all(w.done for w in self.workers):
-                    return
-                stuck = [w.rank for w in self.workers if not w.done]
-                raise RuntimeError(f"simulation deadlock: workers {stuck} wait for messages "
-                                   "or collectives that never come")
-            nxt = min(ready, key=lambda w: (w.clock, w.rank)) if ready else None
-            if self._events and (nxt is None or self._events[0][0] <= nxt.clock):
-                _, _, action = heapq.heappop(self._events)
-                action()
-                continue
-            self._current = nxt
-            nxt.resumed_at = time.perf_counter()
-            nxt.resume.release()
-            self._back.acquire()
-            self._current = None
 
     def _body(self, w: _Worker, fn: Callable[[], Any], results: list[Any]) -> None:
         w.resume.acquire()
@@ -117,25 +177,39 @@ class Scheduler:
             if not self._aborted:
                 results[w.rank] = fn()
         except SimAborted:
-            pass
+            return
         except BaseException as e:  # noqa: BLE001 - handed to the caller of run()
             self._errors.append((w.rank, e))
-        finally:
-            w.clock += self._elapsed(w)
-            w.done = True
-            self._back.release()
+        w.clock += self._elapsed(w)
+        w.done = True
+        self._handover()
+
+    def _handover(self) -> None:
+        try:
+            self._resume(self._next())
+        except BaseException as e:  # noqa: BLE001 - an event failed: stop the simulation
+            self._errors.append((-1, e))
+            self._resume(None)
 
     def _switch(self, w: _Worker, runnable: bool) -> None:
         w.clock += self._elapsed(w)
         w.runnable = runnable
-        self._back.release()
+        if runnable:
+            self._push(w)
+        nxt = self._next()
+        if nxt is w:
+            w.resumed_at = time.perf_counter()
+            return
+        self._resume(nxt)
         w.resume.acquire()
         if self._aborted:
             raise SimAborted()
         w.resumed_at = time.perf_counter()
 
-    def _elapsed(self, w: _Worker) -> float:
-        return (time.perf_counter() - w.resumed_at) * w.slowdown
+    def _elapsed(self, w: _Worker) -> int:
+        if not w.wall_factor:
+            return 0
+        return round((time.perf_counter() - w.resumed_at) * w.wall_factor * 1e9)
 
     def _abort_rest(self) -> None:
         self._aborted = True

@@ -1,14 +1,14 @@
 """SimTransport: the Transport of one logical worker in a simulated cluster.
 
-Collectives complete when the last worker has arrived, after the time the ring algorithm
-takes on the simulated network; collectives run one after another (they share the links).
-Point-to-point messages leave a worker's link one at a time and arrive
-`latency + bytes / bandwidth` later. Bytes are counted as on real processes.
+Collectives complete when the last worker has arrived, after the time their algorithm takes
+on the simulated network (network.py); collectives run one after another (they share the
+links). Point-to-point messages cross the sender's uplink and the receiver's downlink
+(links.py). Compute is charged by the compute model (compute.py). Bytes are counted as on
+real processes. Times are integer nanoseconds; `now()` gives seconds.
 """
 
 from __future__ import annotations
 
-import random
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,85 +24,110 @@ from fastsgd.transport.base import (
     tree_broadcast_bytes,
 )
 from fastsgd.transport.frames import frame_bytes
+from fastsgd.transport.sim.compute import ComputeModel, to_ns
+from fastsgd.transport.sim.links import Links
 from fastsgd.transport.sim.network import Network
 from fastsgd.transport.sim.scheduler import Scheduler
-
-Combine = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
 
 @dataclass
 class _Collective:
-    """One collective call, matched across workers by its sequence number."""
+    """One collective call, matched across workers by its sequence number. What the workers
+    bring is folded in as they arrive (`combine`: "sum", "gather" or the broadcast's source
+    rank), so a sum holds one result and the parts that came before their turn, not one
+    copy per worker."""
 
-    duration: float
-    combine: Combine
-    inputs: dict[int, torch.Tensor] = field(default_factory=dict)
-    outputs: dict[int, torch.Tensor] = field(default_factory=dict)
-    arrival: float = 0.0
-    end: float | None = None
+    duration: int  # ns
+    combine: str | int
+    result: torch.Tensor | None = None
+    parts: dict[int, torch.Tensor] = field(default_factory=dict)  # not yet folded in
+    summed: int = 0  # ranks 0..summed-1 are in `result`
+    count: int = 0
+    arrival: int = 0
+    end: int | None = None
     waiting: set[int] = field(default_factory=set)
 
 
 class SimFabric:
     """What the workers of one simulated cluster share: the scheduler, the network, queues."""
 
-    def __init__(self, world_size: int, network: Network, scheduler: Scheduler):
+    def __init__(self, world_size: int, network: Network, scheduler: Scheduler,
+                 compute: ComputeModel):
         self.world_size = world_size
-        self.network = network
+        self.network, self.compute = network, compute
         self.scheduler = scheduler
+        self.links = Links(network, world_size, compute.trace)
         self.collectives: dict[int, _Collective] = {}
-        self.collectives_free = 0.0  # when the links are free for the next collective
-        self.link_free = [0.0] * world_size  # when each worker's outgoing link is free
+        self.collectives_free = 0  # when the links are free for the next collective
+        self.server_free = [0] * world_size  # when each worker's message handler is free
         self.inbox: dict[tuple[int, int], deque[torch.Tensor]] = defaultdict(deque)
         self.receiving: dict[int, int] = {}  # rank -> src it blocks on
         self.mail: dict[tuple[int, int], deque[tuple[int, torch.Tensor]]] = defaultdict(deque)
         self.awaiting: dict[int, int] = {}  # rank -> message tag it blocks on
-        self.jitter = random.Random(network.seed)
         self.handlers: dict[tuple[int, int], Callable[[int, torch.Tensor], None]] = {}
-        self.handling_at: float | None = None  # set while a handler runs (scheduler thread)
+        self.handling_at: int | None = None  # set while a handler runs (scheduler thread)
         self.shared: dict[str, torch.Tensor] = {}
 
-    def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: float,
-               combine: Combine) -> _Collective:
-        op = self.collectives.setdefault(seq, _Collective(duration, combine))
-        op.inputs[rank] = tensor.detach().clone()
+    def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: Callable[[], int],
+               combine: str | int) -> _Collective:
+        """Worker `rank` joins collective `seq`; the first to arrive prices it."""
+        op = self.collectives.get(seq)
+        if op is None:
+            op = self.collectives[seq] = _Collective(duration(), combine)
+        _fold(op, rank, tensor.detach())
         op.arrival = max(op.arrival, self.scheduler.now(rank))
-        if len(op.inputs) == self.world_size:
-            results = op.combine([op.inputs[r] for r in range(self.world_size)])
-            op.outputs = dict(enumerate(results))
+        if op.count == self.world_size:
+            if op.combine == "gather":
+                op.result = torch.stack([op.parts.pop(r) for r in range(self.world_size)])
             finish = max(op.arrival, self.collectives_free) + op.duration
             self.collectives_free = finish
             self.scheduler.at(finish, lambda: self._complete(seq, op, finish))
         return op
 
-    def _complete(self, seq: int, op: _Collective, finish: float) -> None:
+    def price(self, kind: str, size: int) -> int:
+        """Nanoseconds a collective takes: its algorithm on the network (network.py), plus a
+        retransmission timeout for each round of messages that loses one (TCP)."""
+        n, net = self.world_size, self.network
+        seconds, rounds = {"allreduce": (net.allreduce_time, 2 * (n - 1)),
+                           "allgather": (net.allgather_time, n - 1),
+                           "broadcast": (net.broadcast_time, (n - 1).bit_length())}[kind]
+        return to_ns(seconds(size, n)) + self.links.collective_losses(rounds, n)
+
+    def _complete(self, seq: int, op: _Collective, finish: int) -> None:
         op.end = finish
         del self.collectives[seq]
         for rank in op.waiting:
             self.scheduler.wake(rank, op.end)
 
-    def post(self, src: int, dst: int, tensor: torch.Tensor, tag: int | None = None) -> None:
+    def post(self, src: int, dst: int, tensor: torch.Tensor, tag: int | None = None,
+             droppable: bool = False) -> None:
         """Put `tensor` on src's link to dst: to the matching `recv` (tag None) or to dst's
         mailbox or handler for `tag`. A message to oneself arrives at once."""
         size = nbytes(tensor) if tag is None else frame_bytes(tensor)
         now = self.scheduler.now(src) if self.handling_at is None else self.handling_at
         payload = tensor.detach().clone() if tag is None else tensor.detach().reshape(-1).clone()
-        arrival = now
-        if src != dst:
-            start = max(now, self.link_free[src])
-            self.link_free[src] = start + self.network.transfer_time(size)
-            arrival = start + self.network.message_time(size)
-            if self.network.jitter:
-                arrival += self.jitter.uniform(0, self.network.jitter)
+        if src == dst:
+            self.scheduler.at(now, lambda: self._file(src, dst, tag, payload, now))
+            return
+        start, sent = self.links.depart(src, dst, size, now)
 
-        self.scheduler.at(arrival, lambda: self._file(src, dst, tag, payload, arrival))
+        def land() -> None:  # at `start`: downlinks take messages in the order they come
+            arrival = self.links.land(src, dst, size, start, sent, droppable)
+            if arrival is not None:
+                self.scheduler.at(arrival, lambda: self._file(src, dst, tag, payload, arrival))
+
+        self.scheduler.at(start, land)
 
     def _file(self, src: int, dst: int, tag: int | None, payload: torch.Tensor,
-              arrival: float) -> None:
+              arrival: int) -> None:
         """A message arrives: to its handler, or queued, waking dst if it waits for it."""
         handler = self.handlers.get((dst, tag)) if tag is not None else None
         if handler is not None:
-            self.handling_at = arrival
+            # the handler works on dst's behalf, one message after another; its replies
+            # leave when it is done
+            start = max(arrival, self.server_free[dst])
+            self.handling_at = self.server_free[dst] = start + self.compute.reduce_ns(
+                frame_bytes(payload))
             try:
                 handler(src, payload)
             finally:
@@ -130,7 +155,7 @@ class SimHandle:
             self._op.waiting.add(t.rank)
             t.scheduler.block(t.rank)
         if self._out is not None:
-            self._out.copy_(self._op.outputs[t.rank])
+            self._out.copy_(self._op.result)
             self._out = None
 
 
@@ -148,17 +173,18 @@ class SimTransport:
         self.bytes_received = 0
         self._seq = 0
 
-    def _collective(self, tensor: torch.Tensor, duration: float, combine: Combine,
+    def _collective(self, tensor: torch.Tensor, kind: str, size: int, combine: str | int,
                     out: torch.Tensor | None) -> SimHandle:
         self.scheduler.yield_(self.rank)
-        op = self.fabric.arrive(self._seq, self.rank, tensor, duration, combine)
+        op = self.fabric.arrive(self._seq, self.rank, tensor,
+                                lambda: self.fabric.price(kind, size), combine)
         self._seq += 1
         return SimHandle(self, op, out)
 
     def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
         size, n = nbytes(tensor), self.world_size
         self._count(ring_allreduce_bytes(size, n), ring_allreduce_bytes(size, n))
-        handle = self._collective(tensor, self.network.allreduce_time(size, n), _sum, tensor)
+        handle = self._collective(tensor, "allreduce", size, "sum", tensor)
         if not async_op:
             handle.wait()
         return handle
@@ -166,19 +192,17 @@ class SimTransport:
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         size, n = nbytes(tensor), self.world_size
         self._count(ring_allgather_bytes(size, n), ring_allgather_bytes(size, n))
-        handle = self._collective(tensor, self.network.allgather_time(size, n), _stack, None)
+        handle = self._collective(tensor, "allgather", size, "gather", None)
         handle.wait()
-        return list(handle._op.outputs[self.rank].unbind(0))
+        return list(handle._op.result.unbind(0))
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         size, n = nbytes(tensor), self.world_size
         self._count(tree_broadcast_bytes(size, n, self.rank, src), 0 if self.rank == src else size)
-        duration = self.network.allgather_time(size, 2) * max(1, (n - 1).bit_length())
-        self._collective(tensor, duration, lambda ts: [ts[src]] * n, tensor).wait()
+        self._collective(tensor, "broadcast", size, src, tensor).wait()
 
     def barrier(self) -> None:
-        empty = torch.zeros(0)
-        self._collective(empty, self.network.allreduce_time(0, self.world_size), _sum, None).wait()
+        self._collective(torch.zeros(0), "allreduce", 0, "sum", None).wait()
 
     def send(self, tensor: torch.Tensor, dst: int) -> Handle:
         self.scheduler.yield_(self.rank)
@@ -193,7 +217,7 @@ class SimTransport:
             self.fabric.receiving[self.rank] = src
             self.scheduler.block(self.rank)
         tensor.copy_(queue.popleft())
-        self._count(0, nbytes(tensor))
+        self._received(nbytes(tensor))
 
     def exchange(self, outgoing: list[tuple[int, torch.Tensor]],
                  incoming: list[tuple[int, torch.Tensor]]) -> None:
@@ -213,12 +237,12 @@ class SimTransport:
     def start_messages(self) -> None:
         """Nothing to start: the simulated network delivers mail by itself."""
 
-    def post(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
         if self.fabric.handling_at is None:  # handlers run between scheduling points
             self.scheduler.yield_(self.rank)
         if dst != self.rank:
             self._count(frame_bytes(tensor), 0)
-        self.fabric.post(self.rank, dst, tensor, tag)
+        self.fabric.post(self.rank, dst, tensor, tag, droppable)
 
     def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
         """Run `handler(src, payload)` when a message with `tag` arrives, at its arrival
@@ -230,7 +254,7 @@ class SimTransport:
         queue = self.fabric.mail[(self.rank, tag)]
         out = list(queue)
         queue.clear()
-        self._count(0, sum(frame_bytes(t) for _, t in out))
+        self._received(sum(frame_bytes(t) for _, t in out))
         return out
 
     def wait_message(self, tag: int) -> tuple[int, torch.Tensor]:
@@ -240,28 +264,46 @@ class SimTransport:
             self.fabric.awaiting[self.rank] = tag
             self.scheduler.block(self.rank)
         src, payload = queue.popleft()
-        self._count(0, frame_bytes(payload))
+        self._received(frame_bytes(payload))
         return src, payload
 
     def now(self) -> float:
-        return self.scheduler.now(self.rank)
+        return self.scheduler.now(self.rank) / 1e9
+
+    def compute(self, phase: str, step: int) -> None:
+        """Charge the compute model's time for `phase` of `step` (see compute.py)."""
+        model, rank = self.fabric.compute, self.rank
+        now = self.scheduler.now(rank)
+        if not model.deterministic:
+            self.scheduler.set_wall_factor(rank, model.factor(rank, step, now))
+            return
+        start = model.available_ns(rank, now)
+        self.scheduler.charge(rank, start - now + model.phase_ns(phase, rank, step, start))
+        self.scheduler.yield_(rank)  # workers that do not talk (hogwild) still interleave
 
     def off_clock(self) -> None:
         """Do not charge the time since the last transport call (evaluation, logging)."""
         self.scheduler.off_clock(self.rank)
+
+    def _received(self, size: int) -> None:
+        """Count what came in; adding it into one's own vector is compute (reduce_bandwidth)."""
+        self._count(0, size)
+        self.scheduler.charge(self.rank, self.fabric.compute.reduce_ns(size))
 
     def _count(self, sent: int, received: int) -> None:
         self.bytes_sent += sent
         self.bytes_received += received
 
 
-def _sum(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    total = tensors[0].clone()
-    for t in tensors[1:]:
-        total += t
-    return [total] * len(tensors)
-
-
-def _stack(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    stacked = torch.stack(tensors)
-    return [stacked] * len(tensors)
+def _fold(op: _Collective, rank: int, tensor: torch.Tensor) -> None:
+    op.count += 1
+    if op.combine == "gather":
+        op.parts[rank] = tensor.clone()
+    elif op.combine == "sum":  # in rank order, whatever the order of arrival: bitwise stable
+        op.parts[rank] = tensor.clone()
+        while op.summed in op.parts:
+            part = op.parts.pop(op.summed)
+            op.result = part if op.result is None else op.result.add_(part)
+            op.summed += 1
+    elif op.combine == rank:  # the broadcast's source
+        op.result = tensor.clone()

@@ -1,0 +1,127 @@
+"""Watching a run: evaluations, the consensus distance and the representative model.
+
+On real processes watching costs what it costs: every worker joins a barrier and the
+collectives of representative.py, and the run's clock leaves that time out. In the simulator
+it is free: a worker that finishes step k hands its replica to the `Observer` and goes on,
+without waiting, sending or spending virtual time; once every worker has handed in step k,
+the last one evaluates. Both keep what they saw in an `EvalLog`.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from fastsgd.metrics import JsonLines
+
+Evaluate = Callable[[torch.nn.Module], tuple[float, float]]  # -> (accuracy, loss)
+Score = Callable[[torch.nn.Module], float]
+
+
+@dataclass
+class EvalLog:
+    """What the evaluations found (rank 0's, or the simulator's shared one)."""
+
+    path: object
+    target: float = 0.0
+    last: tuple[int, float, float, float] | None = None  # step, accuracy, loss, consensus
+    model: tuple[int, torch.nn.Module | None] = (0, None)  # step, representative
+    time_to_target: float | None = None
+    count: int = 0
+    wall: float = 0.0  # wall seconds spent evaluating
+    writer: JsonLines = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.writer = JsonLines(self.path, flush_every=1)
+
+    def record(self, step: int, when: float, model: torch.nn.Module, accuracy: float,
+               loss: float, consensus: float) -> None:
+        self.last, self.model = (step, accuracy, loss, consensus), (step, model)
+        self.writer.write({"step": step, "time": round(when, 9), "accuracy": accuracy,
+                           "loss": loss, "consensus_distance": consensus})
+        if self.target and accuracy >= self.target and self.time_to_target is None:
+            self.time_to_target = round(when, 9)
+
+
+def _state(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The tensors that make up a replica: parameters and floating-point buffers."""
+    return [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1).double() for t in _state(model)])
+
+
+class _Snapshot:
+    """One step's replicas, accumulated as they come: the sums of their differences to the
+    first one (so identical replicas give a distance of exactly 0), the best by score,
+    rank 0's, and the latest clock."""
+
+    def __init__(self, policy: str):
+        self.policy, self.count, self.when = policy, 0, 0.0
+        self.first: torch.Tensor | None = None
+        self.sum: torch.Tensor | None = None
+        self.squares = 0.0
+        self.like: torch.nn.Module | None = None
+        self.best: tuple[float, int, torch.nn.Module] | None = None
+
+    def add(self, rank: int, model: torch.nn.Module, when: float, score: Score) -> None:
+        flat = _flat(model)
+        if self.first is None:
+            self.first, self.sum = flat, torch.zeros_like(flat)
+        diff = flat - self.first
+        self.sum += diff
+        self.squares += float(diff.dot(diff))
+        self.count += 1
+        self.when = max(self.when, when)
+        if self.policy == "rank0" and rank == 0 or self.policy == "average" and self.like is None:
+            self.like = copy.deepcopy(model)
+        if self.policy == "best":
+            mine = (score(model), rank)
+            if self.best is None or mine < self.best[:2]:
+                self.best = (*mine, copy.deepcopy(model))
+
+    def consensus(self) -> float:
+        mean = self.sum / self.count
+        return max(0.0, self.squares / self.count - float(mean.dot(mean)))
+
+    def representative(self) -> torch.nn.Module:
+        if self.policy == "best":
+            return self.best[2]
+        model = self.like
+        if self.policy == "average" and self.count > 1:
+            average, offset = self.first + self.sum / self.count, 0
+            with torch.no_grad():
+                for t in _state(model):
+                    t.copy_(average[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+        return model
+
+
+class Observer:
+    """The simulator's free evaluations: `hand_in` never blocks or advances a clock."""
+
+    def __init__(self, workers: int, policy: str, evaluate: Evaluate, log: EvalLog):
+        self.workers, self.policy, self.evaluate, self.log = workers, policy, evaluate, log
+        self._steps: dict[int, _Snapshot] = {}
+        self._lock = threading.Lock()  # one simulated worker runs at a time; this is cheap
+
+    def hand_in(self, step: int, rank: int, model: torch.nn.Module, when: float,
+                score: Score) -> None:
+        with self._lock:
+            snapshot = self._steps.setdefault(step, _Snapshot(self.policy))
+            snapshot.add(rank, model, when, score)
+            if snapshot.count < self.workers:
+                return
+            del self._steps[step]
+        began = time.perf_counter()
+        chosen = snapshot.representative()
+        accuracy, loss = self.evaluate(chosen)
+        self.log.count += 1
+        self.log.record(step, snapshot.when, chosen, accuracy, loss, snapshot.consensus())
+        self.log.wall += time.perf_counter() - began

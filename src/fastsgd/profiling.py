@@ -1,0 +1,89 @@
+"""`compute.model = "profile"`: time the job's own iteration on this machine, once.
+
+The simulator then charges these fixed times, so a run repeats exactly; they are written into
+the run's config.toml, so `fastsgd simulate runs/X/config.toml` charges the same times
+without measuring again. Each time is the median of `repeat` iterations after `warmup`, on
+a throwaway copy of the model, with worker 0's batches.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from fastsgd.strategies.params import flatten
+from fastsgd.transport.base import Done
+from fastsgd.units import format_ns
+from fastsgd.worker import Plan
+
+KEYS = ("forward", "backward", "update", "codec", "reduce_bandwidth")
+
+
+def needs_profile(section: dict) -> bool:
+    return section["model"] == "profile" and not all(section[k] for k in KEYS)
+
+
+def profile(plan: Plan, warmup: int = 3, repeat: int = 10) -> dict[str, str]:
+    """The `[compute]` keys of `plan`'s iteration, measured: forward, backward, update,
+    codec (0 without compression) and reduce_bandwidth."""
+    torch.manual_seed(plan.config["run"]["seed"])
+    model = plan.make_model()
+    optimizer = plan.make_optimizer(model.parameters())
+    shard = plan.shard(0, plan.config["run"]["workers"])
+    samples: dict[str, list[float]] = {"forward": [], "backward": [], "update": []}
+    for k in range(warmup + repeat):
+        x, y = shard.batch(k)
+        optimizer.zero_grad()
+        t0 = time.perf_counter()
+        loss = plan.step(model, (x, y))
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        optimizer.step()
+        t3 = time.perf_counter()
+        if k >= warmup:
+            for phase, seconds in zip(samples, (t1 - t0, t2 - t1, t3 - t2)):
+                samples[phase].append(seconds)
+    out = {phase: _time(statistics.median(s)) for phase, s in samples.items()}
+    flat = flatten(list(model.parameters()))
+    out["codec"] = _time(_codec_seconds(plan, flat, warmup, repeat))
+    vector = flat.clone()
+    seconds = _median(lambda: vector.add_(flat), warmup, repeat)
+    out["reduce_bandwidth"] = f"{round(flat.numel() * flat.element_size() / max(seconds, 1e-9))}B"
+    return out
+
+
+def _codec_seconds(plan: Plan, flat: torch.Tensor, warmup: int, repeat: int) -> float:
+    codec = plan.compressor
+    if codec.name == "none":
+        return 0.0
+    state = codec.init(flat)
+    if codec.kind == "lowrank":  # PowerSGD: its products, without the all-reduces
+        return _median(lambda: codec.all_reduce(flat, state, _Alone()), warmup, repeat)
+    return _median(lambda: codec.decode(codec.encode(flat, state), flat), warmup, repeat)
+
+
+class _Alone:
+    """A transport of one worker: an all-reduce leaves the tensor as it is."""
+
+    world_size = 1
+
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Done:
+        return Done()
+
+
+def _median(fn: Callable[[], object], warmup: int, repeat: int) -> float:
+    times = []
+    for k in range(warmup + repeat):
+        t0 = time.perf_counter()
+        fn()
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _time(seconds: float) -> str:
+    return format_ns(round(seconds * 1e6) * 1000)  # to the microsecond

@@ -1,0 +1,116 @@
+"""How long a simulated worker computes: the compute model (`[compute]`, docs/simulator.md).
+
+- `profile` and `fixed` charge fixed times per phase (forward, backward, update, codec), in
+  integer nanoseconds, so a run is a pure function of its config and seed;
+- `measured` charges the wall time the worker took (exploration only: not reproducible).
+
+Heterogeneity multiplies a phase's time by a factor drawn from a random stream of its own per
+(seed, worker, step), so it does not depend on the order the simulator runs workers in:
+the worker's `slowdown`, a straggler draw (`straggler_prob`, `straggler_factor`) and
+mean-one log-normal noise exp(sigma*z - sigma^2/2). A trace file (trace.py) adds each
+worker's speed and the windows when it is available.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from fastsgd.errors import ConfigError
+from fastsgd.transport.sim.trace import Trace, load_trace
+from fastsgd.units import parse_bandwidth, parse_seconds
+
+PHASES = ("forward", "backward", "update", "codec")
+MODELS = ("profile", "fixed", "measured")
+
+
+def to_ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+@dataclass(frozen=True)
+class Heterogeneity:
+    """Per-worker, per-step compute factors (1 = the modeled time)."""
+
+    slowdown: tuple[float, ...] = ()  # per rank; missing ranks are 1
+    straggler_prob: float = 0.0
+    straggler_factor: float = 4.0
+    sigma: float = 0.0
+    seed: int = 0
+
+    def factor(self, rank: int, step: int) -> float:
+        f = self.slowdown[rank] if rank < len(self.slowdown) else 1.0
+        if self.straggler_prob == 0 and self.sigma == 0:
+            return f
+        draw = random.Random(f"compute/{self.seed}/{rank}/{step}")  # sha512 of the string
+        if draw.random() < self.straggler_prob:
+            f *= self.straggler_factor
+        if self.sigma:
+            f *= math.exp(draw.gauss(0.0, self.sigma) - self.sigma ** 2 / 2)
+        return f
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """Phase times in nanoseconds (`times`), or None for `measured`; `reduce_bandwidth`
+    (bytes/s) prices adding a received vector into one's own (a server applying a push,
+    a gossip worker mixing a neighbour's model): 0 = free."""
+
+    kind: str = "measured"
+    times: dict[str, int] = field(default_factory=dict)
+    reduce_bandwidth: float = 0.0
+    spread: Heterogeneity = Heterogeneity()
+    trace: Trace | None = None
+
+    @classmethod
+    def free(cls) -> ComputeModel:
+        """Compute takes no virtual time (tests of the network model)."""
+        return cls("fixed", dict.fromkeys(PHASES, 0))
+
+    @property
+    def deterministic(self) -> bool:
+        return self.kind != "measured"
+
+    def factor(self, rank: int, step: int, now_ns: int) -> float:
+        speed = self.trace.speed(rank, now_ns) if self.trace else 1.0
+        return self.spread.factor(rank, step) / speed
+
+    def phase_ns(self, phase: str, rank: int, step: int, now_ns: int) -> int:
+        base = self.times.get(phase, 0)
+        return round(base * self.factor(rank, step, now_ns)) if base else 0
+
+    def reduce_ns(self, nbytes: int) -> int:
+        return to_ns(nbytes / self.reduce_bandwidth) if self.reduce_bandwidth else 0
+
+    def available_ns(self, rank: int, now_ns: int) -> int:
+        """The first time >= now when `rank` may compute (its trace's windows)."""
+        return self.trace.available(rank, now_ns) if self.trace else now_ns
+
+
+def heterogeneity(section: dict, seed: int) -> Heterogeneity:
+    """The `[compute]` keys that make workers differ (they act on real processes too)."""
+    return Heterogeneity(tuple(float(f) for f in section["slowdown"]),
+                         section["straggler_prob"], section["straggler_factor"],
+                         section["sigma"], seed)
+
+
+def compute_model(section: dict, seed: int) -> ComputeModel:
+    """The compute model a `[compute]` section describes (profile's times filled in)."""
+    kind = section["model"]
+    times = {p: to_ns(parse_seconds(section[p], f"compute.{p}")) if section[p] else 0
+             for p in PHASES}
+    if kind == "fixed" and section["step_time"] and not (times["forward"] or times["backward"]):
+        step = to_ns(parse_seconds(section["step_time"], "compute.step_time"))
+        times["forward"], times["backward"] = step // 3, step - step // 3  # backward ~ 2x
+    if kind == "fixed" and not (times["forward"] or times["backward"]):
+        raise ConfigError("compute.model = 'fixed' needs compute.step_time (e.g. 25ms) or "
+                          "compute.forward and compute.backward")
+    if kind == "profile" and not all(section[p] for p in (*PHASES, "reduce_bandwidth")):
+        raise ConfigError("compute.model = 'profile' needs its measured times: "
+                          "Job.simulate profiles the job first")
+    rate = section["reduce_bandwidth"]
+    return ComputeModel(kind, times if kind != "measured" else {},
+                        parse_bandwidth(rate, "compute.reduce_bandwidth") if rate else 0.0,
+                        heterogeneity(section, seed),
+                        load_trace(section["trace"]) if section["trace"] else None)

@@ -1,0 +1,75 @@
+"""Bandwidths and times as people write them: '100Mbit', '1GB', '20ms', '50us'."""
+
+from __future__ import annotations
+
+import re
+
+from fastsgd.errors import ConfigError
+
+_BANDWIDTH_UNITS = {  # bytes per second
+    "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
+    "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+def parse_bandwidth(value: str | float, key: str = "network.bandwidth") -> float:
+    """'100Mbit', '10Gbit', '1GB' (bytes), '1GB/s' -> bytes per second; a number is bit/s."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        bps = float(value) / 8
+    else:
+        bps = _parse(str(value), _BANDWIDTH_UNITS, key, "e.g. 100Mbit, 10Gbit or 1GB")
+    if bps <= 0:
+        raise ConfigError(f"{key} must be > 0, got {value!r}")
+    return bps
+
+
+def parse_seconds(value: str | float, key: str = "network.latency") -> float:
+    """'20ms', '50us', '0.1s' -> seconds; a number is seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        seconds = _parse(str(value), _TIME_UNITS, key, "e.g. 20ms, 50us or 0.1s")
+    if seconds < 0:
+        raise ConfigError(f"{key} must be >= 0, got {value!r}")
+    return seconds
+
+
+def _bandwidth_scale(unit: str) -> float | None:
+    if unit.lower().endswith("bit"):
+        return _BANDWIDTH_UNITS.get(unit.lower())
+    if unit.endswith("B"):  # bytes need a capital B: '100mb' is ambiguous
+        return _BANDWIDTH_UNITS.get(unit.lower())
+    return None
+
+
+def _parse(text: str, units: dict[str, float], key: str, example: str) -> float:
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-zA-Z]*)(/s)?\s*", text)
+    unit = match.group(2) if match else ""
+    scale = _bandwidth_scale(unit) if units is _BANDWIDTH_UNITS else units.get(unit.lower())
+    if not match or scale is None:
+        raise ConfigError(f"{key}: cannot read {text!r} ({example})")
+    return float(match.group(1)) * scale
+
+
+def format_ns(ns: int) -> str:
+    """An exact, readable time: 1500000 -> '1500us', 7 -> '7ns' (parse_seconds reads it)."""
+    return f"{ns // 1000}us" if ns % 1000 == 0 else f"{ns}ns"
+
+
+def time_check(value: str) -> str | None:
+    """An Option check: '' or a time >= 0."""
+    return _check(parse_seconds, value, "must be a time >= 0 such as 20ms, 50us or 0.1s")
+
+
+def bandwidth_check(value: str) -> str | None:
+    """An Option check: '' or a bandwidth > 0."""
+    return _check(parse_bandwidth, value, "must be a bandwidth > 0 such as 100Mbit or 1GB")
+
+
+def _check(parse, value: str, problem: str) -> str | None:
+    try:
+        value == "" or parse(value)
+    except ConfigError:
+        return problem
+    return None

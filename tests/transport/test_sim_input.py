@@ -1,0 +1,60 @@
+"""Bad simulator input ends in one line naming the key or file (and line), exit code 2."""
+
+import pytest
+
+from tests.test_cli import fastsgd
+
+SMALL = ["--set", "data.name=synthetic", "--set", "model.name=mlp", "--set", "run.steps=2",
+         "--set", "run.workers=4", "--quiet"]
+
+
+def _trace(tmp_path, text):
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    return f"compute.trace={path}"
+
+
+HEADER = "rank,start,end,speed,bandwidth\n"
+CASES = [
+    (["compute.model=guess"], "compute.model must be one of profile, fixed, measured"),
+    (["compute.model=fixed", "compute.step_time=-5ms"], "compute.step_time must be a time"),
+    (["compute.model=fixed", "compute.step_time=fast"], "compute.step_time must be a time"),
+    (["compute.model=fixed"], "compute.step_time"),
+    (["compute.forward=3 parsecs"], "compute.forward must be a time"),
+    (["network.latency=-1ms"], "network.latency must be a time"),
+    (["network.bandwidth=lots"], "network.bandwidth must be a bandwidth"),
+    (["network.workers_per_node=3"], "network.workers_per_node = 3 does not divide the 4"),
+    (["network.loss=1.0"], "network.loss must be in [0, 1)"),
+    (["network.loss=-0.1"], "network.loss must be in [0, 1)"),
+    (['network.bandwidths={7 = "1Mbit"}'], "network.bandwidths names worker 7"),
+    (['network.bandwidths={1 = "fast"}'], "network.bandwidths must map worker ranks"),
+    (["compute.straggler_prob=1.5"], "compute.straggler_prob must be in [0, 1)"),
+    (["compute.trace=/no/such/trace.csv"], "compute.trace: cannot read /no/such/trace.csv"),
+]
+TRACES = [
+    ("rank,begin\n0,0s\n", "the first line must be the header"),
+    (HEADER + "0,0s,,1,\n1,0s,,1\n", "line 3: expected 5 columns"),
+    (HEADER + "0,0s,,1,\nx,0s,,1,\n", "line 3: rank must be an integer"),
+    (HEADER + "0,0s,,1,\n1,soon,,1,\n", "line 3, start"),
+    (HEADER + "# a comment\n0,0s,5s,1,\n0,2s,,1,\n", "line 4: worker 0's windows must be"),
+    (HEADER + "0,0s,,1,\n1,0s,,1,\n2,0s,,1,\n", "names 3 workers but the run has 4"),
+    (HEADER + "0,0s,,1,1Tbit/s/s\n", "line 2, bandwidth"),
+]
+
+
+def _check(proc, culprit):
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fastsgd: error:") and culprit in lines[0]
+
+
+@pytest.mark.parametrize("sets, culprit", CASES)
+def test_bad_simulator_settings(sets, culprit, tmp_path):
+    args = [item for s in sets for item in ("--set", s)]
+    _check(fastsgd("simulate", *SMALL, *args, cwd=tmp_path), culprit)
+
+
+@pytest.mark.parametrize("text, culprit", TRACES)
+def test_bad_trace_files(text, culprit, tmp_path):
+    _check(fastsgd("simulate", *SMALL, "--set", _trace(tmp_path, text), cwd=tmp_path), culprit)
