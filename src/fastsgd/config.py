@@ -35,6 +35,10 @@ def _bandwidths(values: dict) -> str | None:
     return None if ok else 'must map worker ranks to bandwidths, e.g. {3 = "10Mbit"}'
 
 
+def _mtu(v: int) -> str | None:
+    return None if v == 0 or v >= 576 else "must be 0 (payload only) or a frame size >= 576"
+
+
 def _time(doc: str, default: str = "") -> Option:
     return Option(str, default, time_check, doc)
 
@@ -109,6 +113,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "bandwidths": Option(dict, {}, _bandwidths, 'per-worker NICs, e.g. {3 = "10Mbit"}'),
         "loss": Option(float, 0.0, _below_one, "probability that a message is lost"),
         "rto": _time("TCP retransmission timeout after a loss", "200ms"),
+        "mtu": Option(int, 1500, _mtu, "Ethernet frame size between nodes; 0: payload only"),
     },
 }
 MOVED = {("run", "slowdown"): "compute"}  # keys of older configs, read where they live now

@@ -10,7 +10,7 @@ from fastsgd.transport.frames import HEADER_BYTES
 from fastsgd.transport.sim import ComputeModel, Network, simulate
 from fastsgd.transport.torch_dist import TorchTransport
 
-NET = Network.parse("100Mbit", "1ms")
+NET = Network.parse("100Mbit", "1ms", mtu=0)  # payload bytes only: S/B
 
 
 def exchange(t):

@@ -6,7 +6,7 @@ import torch
 from fastsgd.transport.base import ring_allreduce_bytes
 from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, simulate
 
-NET = Network.parse("100Mbit", "2ms")
+NET = Network.parse("100Mbit", "2ms", mtu=0)  # payload bytes only: S/B
 FREE = ComputeModel.free()  # compute takes no virtual time
 
 

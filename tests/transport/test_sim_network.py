@@ -11,7 +11,7 @@ from tests.strategies.helpers import sim_job
 FREE = ComputeModel.free()
 S = 100_000  # bytes: 25,000 float32
 B, L = 100e6 / 8, 2e-3  # 100 Mbit/s, 2 ms
-NET = Network.parse("100Mbit", "2ms")
+NET = Network.parse("100Mbit", "2ms", mtu=0)  # the formulas in payload bytes
 
 
 def _clock_after(world, fn, net=NET):
@@ -32,7 +32,7 @@ def test_ring_allreduce(n):
 def test_hierarchical_allreduce_over_nodes():
     g, m = 4, 2  # 8 workers, 2 nodes
     net = Network.parse("100Mbit", "2ms", workers_per_node=g, intra_bandwidth="10Gbit",
-                        intra_latency="5us")
+                        intra_latency="5us", mtu=0)
     bi, li = 10e9 / 8, 5e-6
     inside = S / bi + (g - 1) * li
     expected = to_ns(2 * inside + 2 * (m - 1) / m * S / B + 2 * (m - 1) * L)
@@ -69,7 +69,7 @@ def test_gossip_with_d_neighbours_pays_d_transfers():
 
 
 def test_a_slow_nic_limits_what_it_receives():
-    net = Network.parse("100Mbit", "2ms", bandwidths={"1": "10Mbit"})
+    net = Network.parse("100Mbit", "2ms", bandwidths={"1": "10Mbit"}, mtu=0)
 
     def worker(t):
         if t.rank == 0:
@@ -79,6 +79,14 @@ def test_a_slow_nic_limits_what_it_receives():
         return round(t.now() * 1e9)
 
     assert _clock_after(2, worker, net)[1] == to_ns(S / (10e6 / 8)) + to_ns(L)
+
+
+def test_ethernet_frames_carry_headers():
+    """With an MTU, each frame of up to 1448 payload bytes carries 66 bytes of headers."""
+    net = Network.parse("100Mbit", "2ms", mtu=1500)
+    frames = -(-S // 1448)
+    assert net.wire(S) == S + 66 * frames
+    assert _clock_after(2, _allreduce, net) == [to_ns(2 * (S / 2 + 66 * 35) / B + 2 * L)] * 2
 
 
 def test_reliable_messages_come_late_and_droppable_ones_may_not_come():

@@ -31,7 +31,8 @@ class Links:
         intra = self.net.same_node(src, dst)
         up = self.net.intra_bandwidth if intra else self.nic(src, now)
         start = max(now, self.up_free.get((src, intra), 0))
-        sent = self.up_free[(src, intra)] = start + to_ns(size / up)
+        wire = size if intra else self.net.wire(size)
+        sent = self.up_free[(src, intra)] = start + to_ns(wire / up)
         return start, sent
 
     def land(self, src: int, dst: int, size: int, start: int, sent: int,
@@ -41,7 +42,8 @@ class Links:
         arrived (ns), or None if it is lost."""
         net, intra = self.net, self.net.same_node(src, dst)
         down = net.intra_bandwidth if intra else self.nic(dst, start)
-        received = max(sent, max(start, self.down_free.get((dst, intra), 0)) + to_ns(size / down))
+        wire = size if intra else net.wire(size)
+        received = max(sent, max(start, self.down_free.get((dst, intra), 0)) + to_ns(wire / down))
         self.down_free[(dst, intra)] = received
         arrival = received + to_ns(net.intra_latency if intra else net.latency)
         if net.jitter:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fastsgd.errors import ConfigError
 from fastsgd.units import parse_bandwidth, parse_seconds
 
 __all__ = ["Network", "parse_bandwidth", "parse_seconds"]
+TCP_IP_HEADERS = 52  # bytes of each frame that are not payload: IPv4 20, TCP 20 + 12 options
+FRAME_OVERHEAD = TCP_IP_HEADERS + 14  # and the Ethernet header
 
 @dataclass(frozen=True)
 class Network:
@@ -33,13 +36,14 @@ class Network:
     bandwidths: tuple[tuple[int, float], ...] = ()  # (rank, bytes/s) overrides
     loss: float = 0.0
     rto: float = 0.2
+    mtu: int = 1500  # Ethernet frames between nodes; 0 = count the payload only
 
     @classmethod
     def parse(cls, bandwidth: str | float = "10Gbit", latency: str | float = "50us",
               jitter: str | float = 0.0, seed: int = 0, workers_per_node: int = 1,
               intra_bandwidth: str | float = "100Gbit", intra_latency: str | float = "2us",
               bandwidths: dict | None = None, loss: float = 0.0,
-              rto: str | float = "200ms") -> Network:
+              rto: str | float = "200ms", mtu: int = 1500) -> Network:
         overrides = tuple(sorted((_rank(k), parse_bandwidth(v, f"network.bandwidths.{k}"))
                                  for k, v in (bandwidths or {}).items()))
         if not 0 <= loss < 1:
@@ -48,7 +52,7 @@ class Network:
                    parse_seconds(jitter, "network.jitter"), seed, workers_per_node,
                    parse_bandwidth(intra_bandwidth, "network.intra_bandwidth"),
                    parse_seconds(intra_latency, "network.intra_latency"), overrides,
-                   float(loss), parse_seconds(rto, "network.rto"))
+                   float(loss), parse_seconds(rto, "network.rto"), mtu)
 
     def check(self, world_size: int) -> None:
         """Errors that depend on the number of workers."""
@@ -70,12 +74,20 @@ class Network:
     def same_node(self, a: int, b: int) -> bool:
         return a // self.workers_per_node == b // self.workers_per_node
 
+    def wire(self, size: float) -> float:
+        """Bytes a `size`-byte message takes on a link between nodes: every Ethernet frame
+        of at most `mtu` bytes carries 52 bytes of TCP/IPv4 headers (with timestamps) and
+        14 of Ethernet header besides its payload (what tc and NIC counters count)."""
+        if not self.mtu:
+            return size
+        return size + math.ceil(size / (self.mtu - TCP_IP_HEADERS)) * FRAME_OVERHEAD
+
     def message_time(self, size: int) -> float:
         """Seconds for one message of `size` bytes between nodes, on idle links."""
-        return self.latency + size / self.bandwidth
+        return self.latency + self.wire(size) / self.bandwidth
 
     def _ring(self, size: float, n: int, bandwidth: float, latency: float) -> float:
-        return 0.0 if n <= 1 else 2 * (n - 1) * (latency + size / n / bandwidth)
+        return 0.0 if n <= 1 else 2 * (n - 1) * (latency + self.wire(size / n) / bandwidth)
 
     def allreduce_time(self, size: int, world_size: int) -> float:
         """Ring all-reduce 2(n-1)/n*S/B + 2(n-1)*L at the slowest NIC's B; over nodes of g
@@ -97,14 +109,15 @@ class Network:
         slowest = min(self.nic(r) for r in range(world_size))
         latency = self.latency if world_size > self.workers_per_node else self.intra_latency
         bandwidth = slowest if world_size > self.workers_per_node else self.intra_bandwidth
-        return (world_size - 1) * (latency + size / bandwidth)
+        wire = self.wire(size) if world_size > self.workers_per_node else size
+        return (world_size - 1) * (latency + wire / bandwidth)
 
     def broadcast_time(self, size: int, world_size: int) -> float:
         """A binomial tree: ceil(log2 n) rounds of one message (L + S/B)."""
         if world_size <= 1:
             return 0.0
         slowest = min(self.nic(r) for r in range(world_size))
-        return (world_size - 1).bit_length() * (self.latency + size / slowest)
+        return (world_size - 1).bit_length() * (self.latency + self.wire(size) / slowest)
 
 
 def _rank(key: object) -> int:
