@@ -10,6 +10,9 @@
   compressed: the receiver adds its weight times the copy and the sender loses exactly that;
   what a codec holds back stays with the sender, so with a lossy codec a push moves only
   `gamma` of the share (as CHOCO-gossip's step, Koloskova et al. 2019).
+  With an exact codec (`none`) the push carries the parameters themselves and nobody keeps
+  copies (each one is a model per edge: 58 MB per simulated MLP worker on the one-peer graph
+  of 256 workers).
 - `adpsgd`: asynchronous pairwise gossip (AD-PSGD, Lian et al. 2018): after each step a
   worker sends its parameters to one neighbour; the neighbour, when it next looks, replaces
   its own by the average and answers with it; when the answer comes, the first worker puts
@@ -25,8 +28,8 @@
   the requester's parameters that both ends update alike (as CHOCO-gossip does, Koloskova et
   al. 2019); a request carries the change since that copy, the answer carries d, half the way
   from the answerer to the copy, and the answerer adds d while the requester subtracts it.
-  The pair's sum is preserved exactly whatever the codec loses; with `none` the exchange is
-  the plain average.
+  The pair's sum is preserved exactly whatever the codec loses; with `none` the request
+  carries the parameters themselves (no copies) and the exchange is the plain average.
 
 Both drain at the last step: every share or answer still on the wire is taken in. Then,
 with `average_at_end` (the default), one all-reduce replaces every replica by the average
@@ -98,9 +101,10 @@ class SGP(_OnGraph):
         self._received += len(arrived)
         for src, payload in self._in_order(arrived, state):
             weight = payload.pop("weight")
-            copy = _copy(state, "received", src)
-            copy += self._codec.decode(payload, z).double()
-            x += weight * copy
+            share_of = self._codec.decode(payload, z).double()
+            if self._codec.kind != "exact":  # a change since the edge's copy
+                share_of = _copy(state, "received", src).add_(share_of)
+            x += weight * share_of
             w += weight
         if ctx.last_step and self.average_at_end:
             # the plain mean of the de-biased models, as run.representative = "average"
@@ -118,14 +122,17 @@ class SGP(_OnGraph):
         """Send `peer` a share of weight and the compressed change of z since the edge's copy
         (Taheri et al. 2020 track such copies for quantized push-sum); return the copy, which
         the peer updates alike and takes for z."""
-        copy, number = _copy(state, "sent", peer), state["pushed"].get(peer, 0)
+        number = state["pushed"].get(peer, 0)
         state["pushed"][peer] = number + 1
-        buffer = pack({**self._codec.compress((z.double() - copy).to(z.dtype)), "weight": share,
+        exact = self._codec.kind == "exact"  # then z itself: no copies to keep
+        copy = None if exact else _copy(state, "sent", peer)
+        change = z if copy is None else (z.double() - copy).to(z.dtype)
+        buffer = pack({**self._codec.compress(change), "weight": share,
                        "number": torch.tensor([number], device=z.device)})
         t.post(buffer, peer, PUSH)
         payload = unpack(buffer, self._fields, t.rank)  # as the peer will decode it
-        copy += self._codec.decode({k: payload[k] for k in self._codec.FIELDS}, z).double()
-        return copy
+        sent = self._codec.decode({k: payload[k] for k in self._codec.FIELDS}, z).double()
+        return sent if copy is None else copy.add_(sent)
 
     def _in_order(self, arrived: list[tuple[int, torch.Tensor]],
                   state: dict[str, Any]) -> list[tuple[int, dict[str, torch.Tensor]]]:
@@ -195,9 +202,12 @@ class ADPSGD(_OnGraph):
                 x /= t.world_size
         elif t.rank % 2 == 0 and t.world_size > 1 and not self._awaiting:
             peer = self._partner(t.rank, ctx.step)
-            copy = _copy(state, "copies", peer)
-            payload = pack(self._codec.compress(x - copy))
-            copy += decode_buffer(self._codec, payload, x, t.rank)
+            if self._codec.kind == "exact":  # x itself: no copy to keep
+                payload = pack(self._codec.compress(x))
+            else:
+                copy = _copy(state, "copies", peer)
+                payload = pack(self._codec.compress(x - copy))
+                copy += decode_buffer(self._codec, payload, x, t.rank)
             t.post(_tagged(REQUEST, payload), peer, PAIR)
             self._asked[peer] += 1
             self._awaiting += 1
@@ -208,18 +218,23 @@ class ADPSGD(_OnGraph):
         """A request: update the requester's copy, answer with d and add it. An answer:
         subtract d (answers from one peer come in the order of the requests, and a requester
         has one exchange out at a time, so both ends update the copy in the same order)."""
-        codec, copy, payload = self._codec, _copy(state, "copies", src), m[1:]
+        codec, payload = self._codec, m[1:]
+        copy = None if codec.kind == "exact" else _copy(state, "copies", src)
         if int(m[0]) == REQUEST:
-            copy += decode_buffer(codec, payload, x, src)
-            answer = pack(codec.compress((copy - x) / 2))
+            theirs = decode_buffer(codec, payload, x, src)
+            if copy is not None:
+                theirs = copy.add_(theirs)
+            answer = pack(codec.compress((theirs - x) / 2))
             d = decode_buffer(codec, answer, x, t.rank)
-            copy -= d
+            if copy is not None:
+                copy -= d
             t.post(_tagged(ANSWER, answer), src, PAIR)
             self._answered += 1
             return x + d
         self._awaiting -= 1
         d = decode_buffer(codec, payload, x, src)
-        copy -= d
+        if copy is not None:
+            copy -= d
         return x - d
 
     def _drain(self, t, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
