@@ -20,6 +20,25 @@ unlike wall time, does not count time other processes on a shared machine took.
 Both run on one intra-op thread by default (`--threads`): the simulator runs one worker at
 a time anyway, and on a 2-core machine shared with other jobs a second OpenMP thread that
 gets descheduled stalls every op (the bare MLP step took 15 ms instead of 1.2 ms).
+
+Measured at commit 1f7c55e's simulator (2 cores, AMD EPYC, 24 GiB, shared with other jobs:
+load average about 4, so wall times are noisy; `python benchmarks/sim_scale.py` and
+`--model lenet --workers 256 --strategies allreduce dpsgd`), 100 steps:
+
+    model strategy  workers  ms/ws  bare ms  ratio  cpu ms/ws  peak GB  MB/worker
+    mlp   allreduce      16   2.51     0.98   2.55       2.11     0.74      14.9
+    mlp   dpsgd          16   2.38     0.96   2.48       2.31     0.71      12.6
+    mlp   sgp            16   4.74     0.94   5.03       4.49     1.29      50.1
+    mlp   allreduce     256   3.46     0.96   3.62       2.43     3.46      11.8
+    mlp   dpsgd         256   4.51     1.32   3.41       2.74     3.58      12.3
+    mlp   sgp           256   stopped: RSS over 16 GB (float64 edge copies per peer)
+    mlp   allreduce    1024   4.64     1.06   4.38       3.42    11.48      11.0
+    mlp   dpsgd        1024   4.94     1.91   2.59       3.67    13.38      12.9
+    lenet allreduce     256   7.92     3.29   2.41       5.60     1.42       3.6
+    lenet dpsgd         256   7.49     3.55   2.11       5.97     1.48       3.8
+
+Far from the goals (at most 1.3x the bare step; 6 GiB at 1024 MLP workers): where the
+time and memory go, and what would fix it, is in the report of issue 10, item 6.
 """
 
 from __future__ import annotations
