@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from fastsgd.transport.sim.compute import ComputeModel, Heterogeneity
 from fastsgd.transport.sim.network import Network, parse_bandwidth, parse_seconds
 from fastsgd.transport.sim.scheduler import Scheduler, SimAborted
@@ -31,4 +33,9 @@ def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Networ
     scheduler = Scheduler(world_size, factors)
     fabric = SimFabric(world_size, network, scheduler, compute)
     transports = [SimTransport(r, fabric) for r in range(world_size)]
-    return scheduler.run([lambda t=t: fn(t) for t in transports])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one worker computes at a time; a team per thread would thrash
+    try:
+        return scheduler.run([lambda t=t: fn(t) for t in transports])
+    finally:
+        torch.set_num_threads(threads)

@@ -149,8 +149,7 @@ class SimHandle:
         self._transport, self._op, self._out = transport, op, out
 
     def wait(self) -> None:
-        t = self._transport
-        t.scheduler.yield_(t.rank)
+        t = self._transport  # no yield first: blocking runs what is due, then wakes us
         if self._op.end is None:
             self._op.waiting.add(t.rank)
             t.scheduler.block(t.rank)
@@ -175,7 +174,7 @@ class SimTransport:
 
     def _collective(self, tensor: torch.Tensor, kind: str, size: int, combine: str | int,
                     out: torch.Tensor | None) -> SimHandle:
-        self.scheduler.yield_(self.rank)
+        # no scheduling point: what a worker brings does not depend on what else is due
         op = self.fabric.arrive(self._seq, self.rank, tensor,
                                 lambda: self.fabric.price(kind, size), combine)
         self._seq += 1
@@ -211,8 +210,7 @@ class SimTransport:
         return Done()
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
-        self.scheduler.yield_(self.rank)
-        queue = self.fabric.inbox[(src, self.rank)]
+        queue = self.fabric.inbox[(src, self.rank)]  # empty: block, which runs what is due
         if not queue:
             self.fabric.receiving[self.rank] = src
             self.scheduler.block(self.rank)
@@ -258,8 +256,7 @@ class SimTransport:
         return out
 
     def wait_message(self, tag: int) -> tuple[int, torch.Tensor]:
-        self.scheduler.yield_(self.rank)
-        queue = self.fabric.mail[(self.rank, tag)]
+        queue = self.fabric.mail[(self.rank, tag)]  # empty: block, which runs what is due
         if not queue:
             self.fabric.awaiting[self.rank] = tag
             self.scheduler.block(self.rank)
@@ -279,7 +276,8 @@ class SimTransport:
             return
         start = model.available_ns(rank, now)
         self.scheduler.charge(rank, start - now + model.phase_ns(phase, rank, step, start))
-        self.scheduler.yield_(rank)  # workers that do not talk (hogwild) still interleave
+        if phase == "update":  # once a step: workers that never talk (hogwild) interleave
+            self.scheduler.yield_(rank)
 
     def off_clock(self) -> None:
         """Do not charge the time since the last transport call (evaluation, logging)."""
@@ -300,7 +298,11 @@ def _fold(op: _Collective, rank: int, tensor: torch.Tensor) -> None:
     if op.combine == "gather":
         op.parts[rank] = tensor.clone()
     elif op.combine == "sum":  # in rank order, whatever the order of arrival: bitwise stable
-        op.parts[rank] = tensor.clone()
+        if rank == op.summed and op.result is not None:  # its turn: no copy needed
+            op.result.add_(tensor)
+            op.summed += 1
+        else:
+            op.parts[rank] = tensor.clone()
         while op.summed in op.parts:
             part = op.parts.pop(op.summed)
             op.result = part if op.result is None else op.result.add_(part)
