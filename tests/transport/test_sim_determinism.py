@@ -73,3 +73,15 @@ def test_a_profiled_run_repeats_from_its_config(synthetic, tmp_path):
                    options={"run.out": str(tmp_path / "b")}).simulate().run_dir
     for name in FILES:
         assert (first / name).read_bytes() == (again / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "sgp", "ps"])
+def test_watching_is_free(strategy, synthetic, tmp_path):
+    """Evaluating every 3 steps (consensus distance, representative, accuracy) changes no
+    clock, no byte count and no parameter: metrics.jsonl and model.pt are the same bits as
+    with one evaluation at the end."""
+    watched = _run(synthetic, tmp_path / "a", strategy, **{"run.eval_every": 3})
+    alone = _run(synthetic, tmp_path / "b", strategy, **{"run.eval_every": 0})
+    for name in ("metrics.jsonl", "model.pt"):
+        assert (watched / name).read_bytes() == (alone / name).read_bytes(), name
+    assert len((watched / "eval.jsonl").read_text().splitlines()) == 24 // 3
