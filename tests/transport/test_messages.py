@@ -110,3 +110,23 @@ def test_simulated_exchange():
 def test_real_exchange_between_three_processes(tmp_path):
     launch(_real(ring_exchange, tmp_path), 3)
     check_ring([torch.load(tmp_path / f"{r}.pt") for r in range(3)], 3)
+
+
+def _many(t):
+    """Every rank posts 12 messages of varying size to every other; each peer's arrive in
+    the order posted (the header thread posts receives ahead of the payload thread)."""
+    t.start_messages()
+    for k in range(12):
+        for peer in range(t.world_size):
+            if peer != t.rank:
+                t.post(torch.full((1 + 20000 * (k % 3),), float(k)), peer, tag=9)
+    got = [t.wait_message(9) for _ in range(12 * (t.world_size - 1))]
+    return {src: [int(m[0]) for s, m in got if s == src] for src, _ in got}
+
+
+@pytest.mark.multiproc
+def test_real_messages_arrive_in_order_per_sender(tmp_path):
+    launch(_real(_many, tmp_path), 3)
+    for r in range(3):
+        assert torch.load(tmp_path / f"{r}.pt") == {p: list(range(12)) for p in range(3)
+                                                    if p != r}
