@@ -21,7 +21,8 @@ Both run on one intra-op thread by default (`--threads`): the simulator runs one
 a time anyway, and on a 2-core machine shared with other jobs a second OpenMP thread that
 gets descheduled stalls every op (the bare MLP step took 15 ms instead of 1.2 ms).
 
-Measured at commit 1f7c55e's simulator (2 cores, AMD EPYC, 24 GiB, shared with other jobs:
+Today's figures are in docs/simulator.md ("Scale and speed"). Measured at commit 1f7c55e's
+simulator, before the changes that section lists (2 cores, AMD EPYC, 24 GiB, shared with other jobs:
 load average about 4, so wall times are noisy; `python benchmarks/sim_scale.py` and
 `--model lenet --workers 256 --strategies allreduce dpsgd`), 100 steps:
 
