@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -24,28 +23,11 @@ from fastsgd.transport.base import (
     tree_broadcast_bytes,
 )
 from fastsgd.transport.frames import frame_bytes
+from fastsgd.transport.sim.collective import Collective, fold
 from fastsgd.transport.sim.compute import ComputeModel, to_ns
 from fastsgd.transport.sim.links import Links
 from fastsgd.transport.sim.network import Network
 from fastsgd.transport.sim.scheduler import Scheduler
-
-
-@dataclass
-class _Collective:
-    """One collective call, matched across workers by its sequence number. What the workers
-    bring is folded in as they arrive (`combine`: "sum", "gather" or the broadcast's source
-    rank), so a sum holds one result and the parts that came before their turn, not one
-    copy per worker."""
-
-    duration: int  # ns
-    combine: str | int
-    result: torch.Tensor | None = None
-    parts: dict[int, torch.Tensor] = field(default_factory=dict)  # not yet folded in
-    summed: int = 0  # ranks 0..summed-1 are in `result`
-    count: int = 0
-    arrival: int = 0
-    end: int | None = None
-    waiting: set[int] = field(default_factory=set)
 
 
 class SimFabric:
@@ -57,7 +39,7 @@ class SimFabric:
         self.network, self.compute = network, compute
         self.scheduler = scheduler
         self.links = Links(network, world_size, compute.trace)
-        self.collectives: dict[int, _Collective] = {}
+        self.collectives: dict[int, Collective] = {}
         self.collectives_free = 0  # when the links are free for the next collective
         self.server_free = [0] * world_size  # when each worker's message handler is free
         self.inbox: dict[tuple[int, int], deque[torch.Tensor]] = defaultdict(deque)
@@ -69,12 +51,12 @@ class SimFabric:
         self.shared: dict[str, torch.Tensor] = {}
 
     def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: Callable[[], int],
-               combine: str | int) -> _Collective:
+               combine: str | int) -> Collective:
         """Worker `rank` joins collective `seq`; the first to arrive prices it."""
         op = self.collectives.get(seq)
         if op is None:
-            op = self.collectives[seq] = _Collective(duration(), combine)
-        _fold(op, rank, tensor.detach())
+            op = self.collectives[seq] = Collective(duration(), combine)
+        fold(op, rank, tensor.detach())
         op.arrival = max(op.arrival, self.scheduler.now(rank))
         if op.count == self.world_size:
             if op.combine == "gather":
@@ -93,7 +75,7 @@ class SimFabric:
                            "broadcast": (net.broadcast_time, (n - 1).bit_length())}[kind]
         return to_ns(seconds(size, n)) + self.links.collective_losses(rounds, n)
 
-    def _complete(self, seq: int, op: _Collective, finish: int) -> None:
+    def _complete(self, seq: int, op: Collective, finish: int) -> None:
         op.end = finish
         del self.collectives[seq]
         for rank in op.waiting:
@@ -145,7 +127,7 @@ class SimFabric:
 
 
 class SimHandle:
-    def __init__(self, transport: SimTransport, op: _Collective, out: torch.Tensor | None):
+    def __init__(self, transport: SimTransport, op: Collective, out: torch.Tensor | None):
         self._transport, self._op, self._out = transport, op, out
 
     def wait(self) -> None:
@@ -291,21 +273,3 @@ class SimTransport:
     def _count(self, sent: int, received: int) -> None:
         self.bytes_sent += sent
         self.bytes_received += received
-
-
-def _fold(op: _Collective, rank: int, tensor: torch.Tensor) -> None:
-    op.count += 1
-    if op.combine == "gather":
-        op.parts[rank] = tensor.clone()
-    elif op.combine == "sum":  # in rank order, whatever the order of arrival: bitwise stable
-        if rank == op.summed and op.result is not None:  # its turn: no copy needed
-            op.result.add_(tensor)
-            op.summed += 1
-        else:
-            op.parts[rank] = tensor.clone()
-        while op.summed in op.parts:
-            part = op.parts.pop(op.summed)
-            op.result = part if op.result is None else op.result.add_(part)
-            op.summed += 1
-    elif op.combine == rank:  # the broadcast's source
-        op.result = tensor.clone()

@@ -1,0 +1,43 @@
+"""One simulated collective: what the workers bring, folded in as they arrive."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Collective:
+    """One collective call, matched across workers by its sequence number. What the workers
+    bring is folded in as they arrive (`combine`: "sum", "gather" or the broadcast's source
+    rank), so a sum holds one result and the parts that came before their turn, not one
+    copy per worker."""
+
+    duration: int  # ns
+    combine: str | int
+    result: torch.Tensor | None = None
+    parts: dict[int, torch.Tensor] = field(default_factory=dict)  # not yet folded in
+    summed: int = 0  # ranks 0..summed-1 are in `result`
+    count: int = 0
+    arrival: int = 0
+    end: int | None = None
+    waiting: set[int] = field(default_factory=set)
+
+
+def fold(op: Collective, rank: int, tensor: torch.Tensor) -> None:
+    op.count += 1
+    if op.combine == "gather":
+        op.parts[rank] = tensor.clone()
+    elif op.combine == "sum":  # in rank order, whatever the order of arrival: bitwise stable
+        if rank == op.summed and op.result is not None:  # its turn: no copy needed
+            op.result.add_(tensor)
+            op.summed += 1
+        else:
+            op.parts[rank] = tensor.clone()
+        while op.summed in op.parts:
+            part = op.parts.pop(op.summed)
+            op.result = part if op.result is None else op.result.add_(part)
+            op.summed += 1
+    elif op.combine == rank:  # the broadcast's source
+        op.result = tensor.clone()
