@@ -175,6 +175,9 @@ class _Loop:
         self.replica.sync_gradients()
         t5 = now()
         self.optimizer.step()
+        # free the gradients now, not at the next step: 1 MB less per simulated MLP worker
+        # while it waits for the others
+        self.optimizer.zero_grad()
         t.compute("update", k)
         t6 = now()
         self.replica.sync_parameters()
