@@ -201,8 +201,14 @@ class SimTransport:
 
     def exchange(self, outgoing: list[tuple[int, torch.Tensor]],
                  incoming: list[tuple[int, torch.Tensor]]) -> None:
-        """Simulated links are full duplex: posting the sends first loses nothing."""
-        for dst, tensor in outgoing:
+        """Simulated links are full duplex: posting the sends first loses nothing. Real
+        processes send to all their peers at once (TCP flows share the uplink); the
+        simulated uplink sends one message after another, so each worker starts with the
+        peer after itself ((dst - rank) mod n): everyone's first message then goes to a
+        different receiver, as shared flows would spread them (in rank order, a 3-worker
+        ring sent both first messages to rank 0 and took 3 S/B instead of 2)."""
+        n = self.world_size
+        for dst, tensor in sorted(outgoing, key=lambda m: (m[0] - self.rank) % n):
             self.send(tensor, dst)
         for src, buffer in incoming:
             self.recv(buffer, src)
