@@ -20,14 +20,14 @@ from fastsgd.job import Job, Result  # noqa: E402
 from fastsgd.replica import Replica  # noqa: E402
 from fastsgd.strategies import AllReduce, Context, Strategy  # noqa: E402
 from fastsgd.transport.base import Transport  # noqa: E402
-from fastsgd.transport.sim import Network, SimTransport  # noqa: E402
+from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, SimTransport  # noqa: E402
 from fastsgd.transport.torch_dist import TorchTransport  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["AllReduce", "ConfigError", "Context", "Identity", "Job", "Network", "Replica",
-           "Result", "SimTransport", "Strategy", "TorchTransport", "Transport", "UserError",
-           "connect", "data", "models"]
+__all__ = ["AllReduce", "ComputeModel", "ConfigError", "Context", "Heterogeneity", "Identity",
+           "Job", "Network", "Replica", "Result", "SimTransport", "Strategy", "TorchTransport",
+           "Transport", "UserError", "connect", "data", "models"]
 
 
 def connect(backend: str = "auto", timeout: float = 300.0) -> TorchTransport:
