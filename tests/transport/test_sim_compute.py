@@ -1,0 +1,76 @@
+"""The compute model: fixed phase times, heterogeneity from seeded streams, trace files."""
+
+import statistics
+
+import pytest
+import torch
+
+from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, load_trace, simulate
+from fastsgd.transport.sim.compute import to_ns
+
+NET = Network.parse("100Mbit", "1ms", mtu=0)
+MS = 1_000_000  # ns
+
+
+def _fixed(spread=None, trace=None, reduce_bandwidth=0.0):
+    return ComputeModel("fixed", {"forward": 10 * MS, "backward": 20 * MS, "update": 0,
+                                  "codec": 0}, reduce_bandwidth, spread or Heterogeneity(), trace)
+
+
+def _clock_after_phases(t, steps=1):
+    for k in range(steps):
+        t.compute("forward", k)
+        t.compute("backward", k)
+    return round(t.now() * 1e9)
+
+
+def test_fixed_times_and_per_worker_slowdown():
+    out = simulate(3, _clock_after_phases, NET, _fixed(Heterogeneity((1.0, 2.0))))
+    assert out == [30 * MS, 60 * MS, 30 * MS]  # rank 2 has no factor: 1
+
+
+def test_stragglers_and_noise_come_from_a_stream_per_worker_and_step():
+    always = Heterogeneity(straggler_prob=0.999999, straggler_factor=3.0)
+    assert simulate(2, _clock_after_phases, NET, _fixed(always)) == [90 * MS] * 2
+    noisy = Heterogeneity(sigma=0.5, seed=7)
+    factors = [noisy.factor(0, k) for k in range(4000)]
+    assert statistics.mean(factors) == pytest.approx(1.0, abs=0.05)  # mean-one noise
+    assert noisy.factor(1, 5) == Heterogeneity(sigma=0.5, seed=7).factor(1, 5)  # no state
+    assert noisy.factor(1, 5) != Heterogeneity(sigma=0.5, seed=8).factor(1, 5)
+
+
+def test_a_trace_sets_availability_speed_and_bandwidth(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text("rank,start,end,speed,bandwidth\n"
+                    "0,0s,,1,\n"
+                    "1,0s,5ms,1,\n"  # available briefly, then from 1 s on at half speed
+                    "1,1s,,0.5,10Mbit\n")
+    trace = load_trace(str(path))
+
+    def worker(t):
+        clock = _clock_after_phases(t)  # rank 1: forward in the first window, backward waits
+        if t.rank == 0:
+            t.scheduler.charge(0, 1100 * MS - clock)
+            t.send(torch.zeros(2500), 1)  # at 1.1 s: 10 kB into rank 1's 10 Mbit/s downlink
+            return clock
+        t.recv(torch.empty(2500), 0)
+        return clock, round(t.now() * 1e9)
+
+    fast, (slow, received) = simulate(2, worker, NET, _fixed(trace=trace))
+    assert fast == 30 * MS
+    assert slow == 10 * MS + (1000 * MS - 10 * MS) + 40 * MS  # waits for 1 s, half speed
+    assert received == 1100 * MS + 8 * MS + 1 * MS  # 10 kB at 10 Mbit/s, then the latency
+
+
+def test_a_received_message_costs_its_reduction():
+    model = _fixed(reduce_bandwidth=1e9)  # 1 GB/s: 10 kB take 10 us
+
+    def worker(t):
+        if t.rank == 0:
+            t.send(torch.zeros(2500), 1)
+            return None
+        t.recv(torch.empty(2500), 0)
+        return round(t.now() * 1e9)
+
+    expected = to_ns(NET.latency + 10_000 / NET.bandwidth) + to_ns(10_000 / 1e9)
+    assert simulate(2, worker, NET, model)[1] == expected
