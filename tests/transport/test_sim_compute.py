@@ -74,3 +74,31 @@ def test_a_received_message_costs_its_reduction():
 
     expected = to_ns(NET.latency + 10_000 / NET.bandwidth) + to_ns(10_000 / 1e9)
     assert simulate(2, worker, NET, model)[1] == expected
+
+
+def test_a_server_handles_messages_one_after_another_on_its_own_timeline():
+    """Each push costs the server bytes / reduce_bandwidth; the next waits for it, and the
+    reply leaves when its handling ends."""
+    model = _fixed(reduce_bandwidth=1e6)  # 1 MB/s: a 10 kB push takes 10 ms to apply
+    push = torch.zeros(2500 - 16)  # 10 kB with its 64-byte frame header
+
+    def worker(t):
+        t.start_messages()
+        if t.rank == 0:
+            t.serve(7, lambda src, m: t.post(torch.ones(1), src, 8))
+            t.barrier()
+            return None
+        t.post(push, 0, 7)
+        t.wait_message(8)
+        arrived = round(t.now() * 1e9)
+        t.barrier()
+        return arrived
+
+    wire = to_ns(10_000 / NET.bandwidth)  # 0.8 ms per push on rank 0's downlink
+    latency = to_ns(NET.latency)
+    # a 68-byte reply: on the wire, then the worker adds it in (68 us at 1 MB/s)
+    reply = to_ns(68 / NET.bandwidth) + latency + to_ns(68 / 1e6)
+    first_done = latency + wire + 10 * MS
+    second_done = first_done + 10 * MS  # it came at latency + 2 wire, then waited
+    _, one, two = simulate(3, worker, NET, model)
+    assert (one, two) == (first_done + reply, second_done + reply)
