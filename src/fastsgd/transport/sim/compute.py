@@ -13,6 +13,7 @@ worker's speed and the windows when it is available.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class Heterogeneity:
     sigma: float = 0.0
     seed: int = 0
 
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - frozen and small; asked once a phase
     def factor(self, rank: int, step: int) -> float:
         f = self.slowdown[rank] if rank < len(self.slowdown) else 1.0
         if self.straggler_prob == 0 and self.sigma == 0:

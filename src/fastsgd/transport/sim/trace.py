@@ -50,7 +50,7 @@ class Trace:
 
     def _window(self, rank: int, now_ns: int) -> Window | None:
         windows = self.windows[rank]
-        k = bisect.bisect_right([w.start for w in windows], now_ns) - 1
+        k = bisect.bisect_right(windows, now_ns, key=lambda w: w.start) - 1
         return windows[k] if k >= 0 and now_ns < windows[k].end else None
 
     def speed(self, rank: int, now_ns: int) -> float:
