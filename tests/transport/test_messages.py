@@ -130,3 +130,25 @@ def test_real_messages_arrive_in_order_per_sender(tmp_path):
     for r in range(3):
         assert torch.load(tmp_path / f"{r}.pt") == {p: list(range(12)) for p in range(3)
                                                     if p != r}
+
+
+def _served_late(t):
+    """Rank 1 registers its handler well after rank 0 has messaged it: nothing is lost, and
+    the handler takes the early messages in the order sent."""
+    import time
+
+    t.start_messages()
+    if t.rank == 0:
+        for k in range(3):
+            t.post(torch.full((2,), float(k)), 1, tag=7)
+        return [int(t.wait_message(8)[1][0]) for _ in range(3)]
+    time.sleep(0.5)
+    seen = []
+    t.serve(7, lambda src, m: (seen.append(int(m[0])), t.post(m, src, tag=8)))
+    return seen
+
+
+@pytest.mark.multiproc
+def test_real_handler_takes_messages_that_came_before_it(tmp_path):
+    launch(_real(_served_late, tmp_path), 2)
+    assert [torch.load(tmp_path / f"{r}.pt") for r in range(2)] == [[0, 1, 2]] * 2

@@ -108,7 +108,11 @@ class Messenger:
         self._on_receive = on_receive
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []  # keep buffers until sent
         self._send_lock = threading.Lock()  # the training and receiver threads both send
-        self.handlers: dict[int, Callable[[int, torch.Tensor], None]] = {}
+        self._handlers: dict[int, Callable[[int, torch.Tensor], None]] = {}
+        # held while a message is filed or handled: a handler takes its tag's messages one
+        # at a time and in order, those filed before it was registered first (reentrant: a
+        # handler may message its own rank)
+        self._dispatch_lock = threading.RLock()
         self._arrivals: queue.SimpleQueue = queue.SimpleQueue()  # posted payload receives
         self._slots = threading.Semaphore(AHEAD)  # taken by a posted receive until delivered
         self._delivering = True  # until the payload thread fails
@@ -136,12 +140,23 @@ class Messenger:
             self._pending.append((self.control.send([header], dst, HEADER_TAG), header))
             self._pending.append((data.send([payload], dst, PAYLOAD_TAG), payload))
 
+    def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
+        """Hand every message with `tag` to `handler` from now on, starting with those already
+        filed: peers may message this rank as soon as `start_messages` returns everywhere,
+        before it registers its handlers (a parameter server lost such early fetches, and
+        the workers waiting for their replies hung)."""
+        with self._dispatch_lock:
+            self._handlers[tag] = handler
+            for src, payload in self.mailbox.take_all(tag):
+                handler(src, payload)
+
     def _dispatch(self, tag: int, src: int, payload: torch.Tensor) -> None:
-        handler = self.handlers.get(tag)
-        if handler is None:
-            self.mailbox.put(tag, src, payload)
-        else:
-            handler(src, payload)
+        with self._dispatch_lock:
+            handler = self._handlers.get(tag)
+            if handler is None:
+                self.mailbox.put(tag, src, payload)
+            else:
+                handler(src, payload)
 
     def _header_loop(self) -> None:
         """Take each header, post its payload's receive at once, queue it for delivery."""

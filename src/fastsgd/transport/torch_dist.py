@@ -174,7 +174,7 @@ class TorchTransport:
         receiver thread: the handler must guard what it shares with the training thread).
         Messages travel through host memory (a gloo group) and arrive on this worker's device."""
         device = self.device
-        self._require_messages().handlers[tag] = lambda src, m: handler(src, m.to(device))
+        self._require_messages().serve(tag, lambda src, m: handler(src, m.to(device)))
 
     def poll(self, tag: int) -> list[tuple[int, torch.Tensor]]:
         """Every message with `tag` that has arrived, as (source rank, flat tensor)."""
