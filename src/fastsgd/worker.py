@@ -269,7 +269,10 @@ class _Loop:
             "global_batch": self.world * cfg["data"]["batch_size"],
             "final_accuracy": last[1], "final_loss": last[2],
             "target_accuracy": self.log.target or None, "time_to_target": self.log.time_to_target,
-            "wall_time": wall_time, "simulated_time": end if self.plan.simulated else None,
+            # to the ns, as eval.jsonl's times are: unrounded, an evaluation at the end
+            # could read a hair later than the run's end
+            "wall_time": wall_time, "simulated_time": round(end, 9) if self.plan.simulated
+            else None,
             "eval_time": self.log.wall, "evaluations": self.log.count,
             "samples_per_second": totals[2],
             "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
