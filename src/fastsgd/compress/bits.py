@@ -1,18 +1,119 @@
 """Bit packing: small unsigned integers stored `width` bits each, 8 bits to a byte.
 
 A value of `width` bits is split into `width` bit planes, each packed 8 to a byte, so any
-width costs exactly ceil(n / 8) bytes per plane and needs no cross-byte arithmetic.
+width costs exactly ceil(n / 8) bytes per plane and needs no cross-byte arithmetic. In a
+byte, the first of its 8 values is the most significant bit.
+
+The packing works on int64 words of 8 one-byte values at a time: multiplying a word whose
+bytes are 0 or 1 by 0x8040201008040201 gathers its 8 bits, first byte highest, into the
+word's top byte (every partial product lands on its own bit, so nothing carries), and the
+same multiply spreads a byte's 8 bits back out, one to a byte. That needs a little-endian
+machine (every one torch runs on); elsewhere the plain per-bit form below is used.
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 _WEIGHTS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+_GATHER = 0x8040201008040201 - 2**64  # the magic multiplier, as a signed int64
+_ONES = 0x0101010101010101  # the low bit of every byte of a word
+_FAST = sys.byteorder == "little"
+
+
+def _bytes_of(values: torch.Tensor, n: int, shift: int) -> torch.Tensor:
+    """Bits shift..shift+7 of the first n values, one uint8 each, zero-padded to a multiple
+    of 8 and 8-aligned, so the result views as int64 words."""
+    padded = -(-n // 8) * 8
+    if values.dtype in (torch.bool, torch.uint8) and shift == 0:
+        flat = values.reshape(-1)
+        if (padded == n and flat.is_contiguous() and flat.storage_offset() % 8 == 0):
+            return flat.view(torch.uint8)
+        out = torch.zeros(padded, dtype=torch.uint8, device=values.device)
+        out[:n] = flat[:n]
+        return out
+    v = values.reshape(-1)[:n]
+    if shift:
+        v = v >> shift
+    out = torch.zeros(padded, dtype=torch.uint8, device=values.device)
+    out[:n] = v  # the low 8 bits (casting to uint8 wraps)
+    return out
 
 
 def pack_bits(values: torch.Tensor, width: int = 1) -> torch.Tensor:
-    """Pack the low `width` bits of each integer of `values` (1-D) into uint8 bytes."""
+    """Pack the low `width` bits of each integer (or bool) of `values` (1-D) into uint8
+    bytes: `width` planes of ceil(n / 8) bytes each."""
+    n = values.numel()
+    if not _FAST:
+        return _pack_bits_plain(values, width)
+    nbytes = -(-n // 8)
+    out = torch.empty(width, nbytes, dtype=torch.uint8, device=values.device)
+    word = torch.empty(nbytes, dtype=torch.int64, device=values.device)
+    for group in range(0, width, 8):  # planes group..group+7 come from one byte per value
+        words = _bytes_of(values, n, group).view(torch.int64)
+        for plane in range(group, min(width, group + 8)):
+            if plane == group and values.dtype == torch.bool:
+                torch.mul(words, _GATHER, out=word)  # bytes are 0 or 1 already
+            else:
+                torch.bitwise_right_shift(words, plane - group, out=word)
+                word.bitwise_and_(_ONES).mul_(_GATHER)
+            out[plane] = word.view(torch.uint8).view(nbytes, 8)[:, 7]  # the top byte
+    return out.reshape(-1)
+
+
+def unpack_flags(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The n bools that `pack_bits(flags)` packed into `packed`."""
+    return _unpack_bytes(packed, 1)[0].view(torch.bool)[:n]
+
+
+def unpack_bytes(packed: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """The n values (uint8) that `pack_bits(values, width)` packed, for width <= 8."""
+    assert width <= 8
+    return _unpack_bytes(packed, width)[0][:n]
+
+
+def unpack_bits(packed: torch.Tensor, n: int, width: int = 1) -> torch.Tensor:
+    """The `n` integers (int64) that `pack_bits(values, width)` packed into `packed`."""
+    if not _FAST:
+        return _unpack_bits_plain(packed, n, width)
+    parts = _unpack_bytes(packed, width)
+    out = parts[0][:n].to(torch.int64)
+    for group, part in enumerate(parts[1:], 1):
+        out |= part[:n].to(torch.int64) << (8 * group)
+    return out
+
+
+def _unpack_bytes(packed: torch.Tensor, width: int) -> list[torch.Tensor]:
+    """Per 8 planes, a uint8 tensor of ceil(n / 8) * 8 values holding those planes' bits."""
+    if not _FAST:
+        n = packed.numel() // width * 8
+        values = _unpack_bits_plain(packed, n, width)
+        return [((values >> g) & 0xFF).to(torch.uint8) for g in range(0, width, 8)]
+    planes = packed.view(width, -1)
+    nbytes = planes.shape[1]
+    spread = torch.empty(nbytes, dtype=torch.int64, device=packed.device)
+    parts = []
+    for group in range(0, width, 8):
+        acc = torch.empty(nbytes, dtype=torch.int64, device=packed.device)
+        for plane in range(group, min(width, group + 8)):
+            bit = plane - group
+            target = acc if plane == group else spread
+            target.copy_(planes[plane])
+            # bit b of the byte lands at the top of byte 7 - b: move it to bit `bit`
+            target.mul_(_GATHER).bitwise_right_shift_(7 - bit).bitwise_and_(_signed(_ONES << bit))
+            if target is not acc:
+                acc |= spread
+        parts.append(acc.view(torch.uint8))
+    return parts
+
+
+def _signed(word: int) -> int:
+    return word - 2**64 if word >= 2**63 else word
+
+
+def _pack_bits_plain(values: torch.Tensor, width: int) -> torch.Tensor:
     n = values.numel()
     padded = torch.zeros(width, (n + 7) // 8 * 8, dtype=torch.uint8, device=values.device)
     v = values.reshape(-1).to(torch.int64)
@@ -22,8 +123,7 @@ def pack_bits(values: torch.Tensor, width: int = 1) -> torch.Tensor:
     return (padded.view(width, -1, 8) * weights).sum(-1, dtype=torch.uint8).reshape(-1)
 
 
-def unpack_bits(packed: torch.Tensor, n: int, width: int = 1) -> torch.Tensor:
-    """The `n` integers (int64) that `pack_bits(values, width)` packed into `packed`."""
+def _unpack_bits_plain(packed: torch.Tensor, n: int, width: int) -> torch.Tensor:
     weights = _WEIGHTS.to(packed.device)
     planes = (packed.view(width, -1, 1) & weights).ne(0).reshape(width, -1)[:, :n]
     shifts = torch.arange(width, device=packed.device).view(-1, 1)

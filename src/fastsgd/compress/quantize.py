@@ -15,10 +15,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from fastsgd.compress.base import Codec, Payload
-from fastsgd.compress.bits import pack_bits, unpack_bits
+from fastsgd.compress.bits import pack_bits, unpack_bits, unpack_bytes, unpack_flags
 from fastsgd.options import Option, at_least
 
 
@@ -63,21 +65,52 @@ class OneBit(Codec):
         self.error_feedback, self.bucket = error_feedback, bucket
 
     def compress(self, tensor: torch.Tensor) -> Payload:
-        rows = blocks(tensor, self.bucket)
-        real = blocks(torch.ones_like(tensor.reshape(-1), dtype=torch.bool), self.bucket)
+        return self._compress(tensor)[0]
+
+    def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
+        """`Codec.encode`, with the residual taken from the bits and means at hand rather
+        than from a decode of the packed payload (the same numbers)."""
+        flat = tensor.detach().reshape(-1)
+        if not self.error_feedback:
+            return self.compress(flat)
+        target = flat + state["residual"]
+        payload, positive = self._compress(target)
+        means = payload["means"].to(target.dtype).view(-1, 2)  # as decode reads them
+        sent = by_bucket(positive.view(-1)[:target.numel()], means[:, 0], means[:, 1],
+                         self.bucket)
+        state["residual"] = target.sub_(sent)
+        return payload
+
+    def _compress(self, tensor: torch.Tensor):
+        """The payload and the signs as (buckets, bucket), the padding False."""
+        x = tensor.reshape(-1)
+        n, size = x.numel(), self.bucket
+        rows = x.view(-1, size) if n % size == 0 else blocks(x, size)
         positive = rows >= 0
-        negative = ~positive & real  # the last bucket's padding belongs to neither mean
-        positive &= real
-        high = (rows * positive).sum(1) / positive.sum(1).clamp_min(1)
-        low = (rows * negative).sum(1) / negative.sum(1).clamp_min(1)
-        bits = positive.reshape(-1)[:tensor.numel()]
-        return {"bits": pack_bits(bits), "means": torch.stack([high, low], 1).float().reshape(-1)}
+        negative = ~positive  # the padding (zeros) is non-negative: in neither mean
+        if rows.numel() > n:
+            positive[-1, n - rows.numel():] = False
+        count = positive.view(torch.uint8).sum(1, dtype=torch.int32)  # int64: 30x slower
+        real = torch.full_like(count, size)
+        real[-1] = n - (rows.shape[0] - 1) * size
+        # (rows * positive).sum(1): clamping adds up the same nonzero terms in the same
+        # order, so only the sign of a zero sum can differ: those rows are summed as before
+        high, low = rows.clamp_min(0).sum(1), rows.clamp_max(0).sum(1)
+        zero = ((high == 0) | (low == 0)).nonzero().view(-1)
+        if zero.numel():
+            some = rows[zero]
+            high[zero] = (some * positive[zero]).sum(1)
+            low[zero] = (some * negative[zero]).sum(1)
+        high /= count.clamp_min(1)
+        low /= (real - count).clamp_min(1)
+        means = torch.stack([high, low], 1).float().reshape(-1)
+        bits = pack_bits(positive.view(-1)[:n])
+        return {"bits": bits, "means": means}, positive
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
-        positive = unpack_bits(payload["bits"], like.numel()).bool()
-        means = payload["means"].to(like.dtype).view(-1, 2).repeat_interleave(self.bucket, 0)
-        means = means[:like.numel()]
-        return torch.where(positive, means[:, 0], means[:, 1]).view_as(like)
+        means = payload["means"].to(like.dtype).view(-1, 2)
+        positive = unpack_flags(payload["bits"], like.numel())
+        return by_bucket(positive, means[:, 0], means[:, 1], self.bucket).view_as(like)
 
 
 class Sign(Codec):
@@ -89,17 +122,38 @@ class Sign(Codec):
         self.error_feedback, self.bucket = error_feedback, bucket
 
     def compress(self, tensor: torch.Tensor) -> Payload:
+        return self._compress(tensor)[0]
+
+    def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
+        """`Codec.encode`, the residual taken from the signs and scales at hand."""
+        flat = tensor.detach().reshape(-1)
+        if not self.error_feedback:
+            return self.compress(flat)
+        target = flat + state["residual"]
+        payload, positive, scales = self._compress(target)
+        scale = scales.to(target.dtype)
+        sent = by_bucket(positive, scale, -scale, self.bucket)
+        state["residual"] = target.sub_(sent)
+        return payload
+
+    def _compress(self, tensor: torch.Tensor):
         x = tensor.reshape(-1)
-        rows = blocks(x, self.bucket)
-        last = x.numel() - (rows.shape[0] - 1) * self.bucket  # the last bucket may be short
-        sizes = torch.full((rows.shape[0],), float(self.bucket), dtype=x.dtype, device=x.device)
-        sizes[-1] = last
-        return {"bits": pack_bits(x >= 0), "scales": (rows.abs().sum(1) / sizes).float()}
+        n, size = x.numel(), self.bucket
+        full = n // size
+        sums = x[:full * size].view(full, size).abs().sum(1)
+        if n > full * size:  # the last bucket, padded with zeros, is short
+            last = blocks(x[full * size:], size).abs().sum(1)
+            sums = torch.cat([sums, last])
+        sizes = torch.full_like(sums, float(size))
+        sizes[-1] = n - full * size if n > full * size else size
+        positive = x >= 0
+        scales = (sums / sizes).float()
+        return {"bits": pack_bits(positive), "scales": scales}, positive, scales
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
-        positive = unpack_bits(payload["bits"], like.numel()).bool()
-        scale = payload["scales"].to(like.dtype).repeat_interleave(self.bucket)[:like.numel()]
-        return torch.where(positive, scale, -scale).view_as(like)
+        positive = unpack_flags(payload["bits"], like.numel())
+        scale = payload["scales"].to(like.dtype)
+        return by_bucket(positive, scale, -scale, self.bucket).view_as(like)
 
 
 class QSGD(Codec):
@@ -115,19 +169,55 @@ class QSGD(Codec):
 
     def compress(self, tensor: torch.Tensor) -> Payload:
         x = tensor.reshape(-1)
-        rows = blocks(x, self.bucket)
+        n, size = x.numel(), self.bucket
+        rows = x.view(-1, size) if n % size == 0 else blocks(x, size)
         norms = rows.norm(dim=1, keepdim=True).float()
         tiny = torch.finfo(torch.float32).tiny
-        scaled = (rows.abs() / norms.clamp_min(tiny) * self.levels).reshape(-1)[:x.numel()]
-        lower = scaled.floor()
-        level = lower + (torch.rand_like(scaled) < scaled - lower).to(scaled.dtype)
-        signed = (torch.sign(x) * level).to(torch.int64) + self.levels
+        scaled = rows.abs()
+        scaled = scaled.div_(norms.clamp_min(tiny)) if scaled.dtype == norms.dtype else \
+            scaled / norms.clamp_min(tiny)
+        scaled = scaled.mul_(self.levels).view(-1)[:n]
+        level = scaled.floor()
+        up = torch.rand_like(scaled) < scaled.sub_(level)  # scaled is its fraction now
+        level.add_(up).mul_(torch.sign(x)).add_(self.levels)  # in [0, 2 levels]
+        small = self.width <= 8
+        signed = level.to(torch.uint8 if small else torch.int64)
         return {"norms": norms.reshape(-1), "levels": pack_bits(signed, self.width)}
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
-        signed = unpack_bits(payload["levels"], like.numel(), self.width) - self.levels
-        scale = payload["norms"].to(like.dtype).repeat_interleave(self.bucket) / self.levels
-        return (signed.to(like.dtype) * scale[:like.numel()]).view_as(like)
+        n = like.numel()
+        if self.width <= 8:
+            values = unpack_bytes(payload["levels"], n, self.width)
+        else:
+            values = unpack_bits(payload["levels"], n, self.width)
+        out = values.to(like.dtype).sub_(self.levels)  # the signed level, exactly
+        scale = payload["norms"].to(like.dtype) / self.levels
+        full = n // self.bucket
+        out[:full * self.bucket].view(full, self.bucket).mul_(scale[:full].unsqueeze(1))
+        if n > full * self.bucket:
+            out[full * self.bucket:].mul_(scale[full])
+        return out.view_as(like)
+
+
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def by_bucket(flags: torch.Tensor, high: torch.Tensor, low: torch.Tensor,
+              size: int) -> torch.Tensor:
+    """Per element i of flags (n bools), high[i // size] where set, else low[i // size].
+
+    As torch.where, but on the floats' bit patterns: flag * (high ^ low) ^ low is high's
+    bits or low's, and these integer ops run vectorized, where torch.where does not."""
+    n, full = flags.numel(), flags.numel() // size
+    itype = _INT[high.element_size()]
+    low = low.reshape(-1).view(itype)
+    diff = high.reshape(-1).view(itype) ^ low
+    out = flags.reshape(-1).to(itype)  # 0 or 1
+    main = out[:full * size].view(full, size)
+    main.mul_(diff[:full].unsqueeze(1)).bitwise_xor_(low[:full].unsqueeze(1))
+    if n > full * size:
+        out[full * size:].mul_(diff[full]).bitwise_xor_(low[full])
+    return out.view(high.dtype)
 
 
 def blocks(tensor: torch.Tensor, size: int) -> torch.Tensor:
