@@ -3,10 +3,12 @@
 import pytest
 import torch
 
-from fastsgd.compress import CODECS, build_compressor
+from fastsgd.compress import CODECS, build_compressor, sparse
 from fastsgd.compress.base import Codec
 from fastsgd.compress.bits import pack_bits, unpack_bits
+from fastsgd.compress.powersgd import shape_of
 from fastsgd.compress.quantize import QSGD, OneBit, Sign, blocks
+from fastsgd.compress.sparse import RandomK, TopK, kept
 from fastsgd.compress.wire import pack, unpack
 from fastsgd.errors import UserError
 
@@ -326,3 +328,119 @@ def test_fast_quantizers_match_the_reference(name, reference, numel, dtype):
             g = awkward(numel, step, dtype)
             same_payload(codec.encode(g, state), ref.encode(g, ref_state))
             assert bitwise_equal(state["residual"], ref_state["residual"])
+
+
+class ReferenceTopK(TopK):
+    def compress(self, tensor):
+        x = tensor.reshape(-1)
+        indices = x.abs().topk(kept(x.numel(), self.ratio), sorted=False).indices
+        return {"indices": indices.to(torch.int32), "values": x[indices]}
+
+    encode = Codec.encode
+
+
+class ReferenceRandomK(RandomK):
+    def _indices(self, seed, like):
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randperm(like.numel(), generator=generator)[:kept(like.numel(), self.ratio)]
+
+    encode = Codec.encode
+
+
+def by_index(payload: dict) -> dict:
+    """A sparse payload with its pairs in the order of their indices."""
+    order = payload["indices"].argsort()
+    return {"indices": payload["indices"][order], "values": payload["values"][order]}
+
+
+@pytest.mark.parametrize("numel", [1, 100, 4096, 5000, NUMEL, 2**18])
+@pytest.mark.parametrize("ratio", [0.001, 0.01, 1 / 64, 0.1])
+@pytest.mark.parametrize("data", ["normal", "ties"])
+def test_fast_topk_selects_as_torch_topk(numel, ratio, data):
+    """The same elements as torch.topk, so the same decoded tensor and residual; in the
+    same order too, but for equal magnitudes, whose order torch leaves unspecified."""
+    codec, ref = TopK(ratio), ReferenceTopK(ratio)
+    x = awkward(numel) if data == "ties" else gradient(3, numel)
+    if data == "ties":
+        x = (x * 64).round() / 64
+    payload, expected = codec.compress(x), ref.compress(x)
+    magnitudes = x.abs()[expected["indices"].long()]
+    if bool((magnitudes[1:] != magnitudes[:-1]).all()):
+        same_payload(payload, expected)
+    same_payload(by_index(payload), by_index(expected))
+    assert bitwise_equal(codec.decode(payload, x), ref.decode(expected, x))
+    state, ref_state = codec.init(x), ref.init(x)
+    for step in range(3):
+        g = gradient(step, numel)
+        same_payload(by_index(codec.encode(g, state)), by_index(ref.encode(g, ref_state)))
+        assert bitwise_equal(state["residual"], ref_state["residual"])
+
+
+def test_fast_topk_is_taken_and_keeps_torch_order_without_ties():
+    m = torch.randperm(2**18, generator=torch.Generator().manual_seed(5)).float()
+    fast = sparse._top_k_fast(m, 2622)
+    assert fast is not None and sparse._fast_top_k_ok(m.device)
+    assert torch.equal(fast, m.topk(2622, sorted=False).indices)
+
+
+@pytest.mark.parametrize("numel, k", [(1, 1), (2, 2), (10, 3), (50, 50), (1000, 999),
+                                      (NUMEL, 1018), (2**20, 10486), (2**24 - 1, 2000)])
+def test_randperm_head_is_the_head_of_torch_randperm(numel, k):
+    for seed in (0, 1, 2**62 - 1, 123456789):
+        fast = sparse._randperm_head(numel, k, torch.Generator().manual_seed(seed))
+        full = torch.randperm(numel, generator=torch.Generator().manual_seed(seed))[:k]
+        assert torch.equal(fast, full)
+    assert sparse._fast_randperm_ok()
+
+
+@pytest.mark.parametrize("numel", [1, 100, NUMEL])
+def test_fast_randomk_matches_the_reference(numel):
+    codec, ref = RandomK(), ReferenceRandomK()
+    x = awkward(numel)
+    torch.manual_seed(4)
+    payload = codec.compress(x)
+    torch.manual_seed(4)
+    same_payload(payload, ref.compress(x))
+    assert bitwise_equal(codec.decode(payload, x), ref.decode(payload, x))
+    state, ref_state = codec.init(x), ref.init(x)
+    for step in range(3):
+        g = gradient(step, numel)
+        torch.manual_seed(step)
+        payload = codec.encode(g, state)
+        torch.manual_seed(step)
+        same_payload(payload, ref.encode(g, ref_state))
+        assert bitwise_equal(state["residual"], ref_state["residual"])
+
+
+def reference_powersgd(codec, tensor, state):
+    flat = tensor.reshape(-1) + state["residual"]
+    rows, cols = shape_of(flat.numel())
+    matrix = torch.zeros(rows * cols, dtype=flat.dtype)
+    matrix[:flat.numel()] = flat
+    matrix = matrix.view(rows, cols)
+    p = torch.linalg.qr(matrix @ state["q"]).Q
+    q = matrix.T @ p
+    state["q"] = q
+    approximation = (p @ q.T).reshape(-1)[:flat.numel()]
+    state["residual"] = flat - approximation
+    return approximation.view_as(tensor)
+
+
+class OneWorker:
+    world_size = 1
+
+    def all_reduce(self, tensor, async_op=False):
+        return None
+
+
+@pytest.mark.parametrize("numel", [7, 4096, NUMEL])
+def test_powersgd_matches_the_reference(numel):
+    codec = build_compressor({"name": "powersgd"})
+    x = gradient(0, numel)
+    state, ref_state = codec.init(x), codec.init(x)
+    for step in range(3):
+        g = gradient(step, numel)
+        out = codec.all_reduce(g, state, OneWorker())
+        assert bitwise_equal(out, reference_powersgd(codec, g, ref_state))
+        assert bitwise_equal(state["residual"], ref_state["residual"])
+        assert bitwise_equal(state["q"], ref_state["q"])

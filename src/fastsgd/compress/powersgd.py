@@ -47,9 +47,12 @@ class PowerSGD(Codec):
         """The mean over workers of the rank-r approximation of tensor + residual."""
         flat = tensor.detach().reshape(-1) + state["residual"]
         rows, cols = shape_of(flat.numel())
-        matrix = torch.zeros(rows * cols, dtype=flat.dtype, device=flat.device)
-        matrix[:flat.numel()] = flat
-        matrix = matrix.view(rows, cols)
+        if rows * cols == flat.numel():  # a square or near-square size: no padding
+            matrix = flat.view(rows, cols)
+        else:
+            matrix = torch.zeros(rows * cols, dtype=flat.dtype, device=flat.device)
+            matrix[:flat.numel()] = flat
+            matrix = matrix.view(rows, cols)
         p = matrix @ state["q"]
         transport.all_reduce(p)
         p = torch.linalg.qr(p).Q  # orthonormal columns; the scale of the mean does not matter
@@ -58,7 +61,7 @@ class PowerSGD(Codec):
         q /= transport.world_size
         state["q"] = q
         approximation = (p @ q.T).reshape(-1)[:flat.numel()]
-        state["residual"] = flat - approximation  # as torch's powerSGD_hook: vs the mean's
+        state["residual"] = flat.sub_(approximation)  # as torch's powerSGD_hook: vs the mean's
         return approximation.view_as(tensor)
 
     def compress(self, tensor: torch.Tensor) -> Payload:

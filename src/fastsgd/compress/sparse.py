@@ -43,6 +43,9 @@ class TopK(Codec):
     def compress(self, tensor: torch.Tensor) -> Payload:
         return top_k(tensor.reshape(-1), kept(tensor.numel(), self.ratio))
 
+    def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
+        return encode_sparse(self, tensor, state)
+
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         return scatter(payload["indices"], payload["values"], like)
 
@@ -61,15 +64,19 @@ class RandomK(Codec):
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
         return {"seed": seed.to(x.device), "values": x[self._indices(int(seed), x)]}
 
+    def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
+        return encode_sparse(self, tensor, state)
+
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         indices = self._indices(int(payload["seed"]), like)
         return scatter(indices, payload["values"], like)
 
     def _indices(self, seed: int, like: torch.Tensor) -> torch.Tensor:
-        """The same on every device: drawn on the CPU from the seed alone."""
+        """The same on every device: drawn on the CPU from the seed alone, the first k of
+        `torch.randperm(numel, generator=torch.Generator().manual_seed(seed))`."""
         numel = like.numel()
         generator = torch.Generator().manual_seed(seed)
-        chosen = torch.randperm(numel, generator=generator)[:kept(numel, self.ratio)]
+        chosen = randperm_head(numel, kept(numel, self.ratio), generator)
         return chosen.to(like.device)
 
 
@@ -117,9 +124,129 @@ class DGC(Codec):
         return scatter(payload["indices"], payload["values"], like)
 
 
+def encode_sparse(codec: Codec, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
+    """`Codec.encode` for a sparse codec: the residual is what was to be sent with the sent
+    coordinates taken away, in place (the same numbers as target - decode(payload))."""
+    flat = tensor.detach().reshape(-1)
+    if not codec.error_feedback:
+        return codec.compress(flat)
+    target = flat + state["residual"]
+    payload = codec.compress(target)
+    indices = payload["indices"].long() if "indices" in payload else \
+        codec._indices(int(payload["seed"]), target)
+    target[indices] = target[indices] - payload["values"].to(target.dtype)
+    state["residual"] = target
+    return payload
+
+
 def top_k(x: torch.Tensor, k: int) -> Payload:
-    indices = x.abs().topk(k, sorted=False).indices
+    """The k largest magnitudes of x, as torch.topk(sorted=False) orders them."""
+    magnitudes = x.abs()
+    indices = _top_k_fast(magnitudes, k) if _fast_top_k_ok(x.device) else None
+    if indices is None:
+        indices = magnitudes.topk(k, sorted=False).indices
     return {"indices": indices.to(torch.int32), "values": x[indices]}
+
+
+def _top_k_fast(magnitudes: torch.Tensor, k: int) -> torch.Tensor | None:
+    """The k largest magnitudes without torch.topk's selection over all n elements, or
+    None (then torch.topk is used).
+
+    On the CPU, torch.topk with k <= n / 64 partially sorts (std::partial_sort), so it gives
+    the k largest in descending order. A threshold that a strided sample puts at about the
+    2k-th largest leaves a few thousand candidates, and the k largest of them, sorted, are
+    the same elements in the same order, but for equal magnitudes (x and -x, say): among
+    those partial_sort's order is its heap's, here it is the order of their indices. With
+    a tie between the k-th and the (k+1)-th (where the choice itself is partial_sort's), a
+    NaN, or too few candidates: None."""
+    n = magnitudes.numel()
+    if magnitudes.device.type != "cpu" or k * 64 > n or n < 4096:
+        return None
+    sample = magnitudes[::max(1, k // 32)]  # about 64 of its elements are above
+    above = max(1, min(sample.numel(), -(-2 * k * sample.numel() // n)))
+    threshold = sample.topk(above, sorted=False).values.min()
+    candidates = (magnitudes >= threshold).nonzero().view(-1)
+    count = candidates.numel()
+    if count < k or count > n // 8 or bool(torch.isnan(threshold)):
+        return None
+    values, order = magnitudes[candidates].topk(min(k + 1, count))
+    if (count > k and bool(values[k - 1] == values[k])) or \
+            bool(torch.isnan(magnitudes.sum())):
+        return None
+    return candidates[order[:k]]
+
+
+_FAST_TOP_K: dict[str, bool] = {}
+
+
+def _fast_top_k_ok(device: torch.device) -> bool:
+    """Whether this torch's topk orders as _top_k_fast assumes (checked once)."""
+    if device.type != "cpu":
+        return False
+    if "cpu" not in _FAST_TOP_K:
+        generator = torch.Generator().manual_seed(7)
+        ok = True
+        for n, k in [(65536, 1024), (100_000, 1000), (300_000, 300)]:
+            m = torch.randperm(n, generator=generator).float()  # no ties
+            fast = _top_k_fast(m, k)
+            ok = ok and fast is not None and torch.equal(fast, m.topk(k, sorted=False).indices)
+        _FAST_TOP_K["cpu"] = ok
+    return _FAST_TOP_K["cpu"]
+
+
+def randperm_head(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """`torch.randperm(n, generator=generator)[:k]` (int64), drawing k numbers, not n.
+
+    torch's CPU randperm is a Fisher-Yates shuffle: step i swaps position i with
+    z_i = i + r_i % (n - i), r_i the generator's i-th 32-bit number, so its first k
+    elements need only k numbers (two per 64-bit draw of randint over the full int64
+    range, high half first). What step i takes from z_i is z_i itself unless an earlier
+    step j (the latest) swapped there, and then it is what step j found at position j;
+    those chains are short and are followed by pointer jumping. Checked once against
+    torch.randperm; if this torch shuffles otherwise, randperm itself is used."""
+    if not _fast_randperm_ok() or n >= 2**24:
+        return torch.randperm(n, generator=generator)[:k]
+    return _randperm_head(n, k, generator)
+
+
+def _randperm_head(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    words = torch.randint(-2**63, 2**63 - 1, ((k + 1) // 2,), generator=generator)
+    words ^= -2**63  # randint added the low end: undo it (a draw of 2^64 - 1 is misread)
+    halves = words.view(torch.int32).view(-1, 2).flip(1).reshape(-1)[:k]  # high first
+    step = torch.arange(k)
+    z = step + (halves.to(torch.int64) & 0xFFFFFFFF) % (n - step)
+    sorted_z, order = torch.sort(z, stable=True)
+    same = sorted_z[1:] == sorted_z[:-1]
+    before = torch.full((k,), -1, dtype=torch.int64)  # latest earlier step with the same z
+    before[order[1:]] = torch.where(same, order[:-1], -1)
+    last = torch.cat([~same, torch.ones(1, dtype=torch.bool)])  # the last step of each z
+    ends, enders = sorted_z[last], order[last]
+    low = ends < k
+    last_at = torch.full((k,), -1, dtype=torch.int64)  # the last step with z = position
+    last_at[ends[low]] = enders[low]
+    # the latest step before j that swapped into position j
+    into = torch.where(last_at == step, before, last_at)
+    found = torch.where(into >= 0, into, step)  # what step j finds at j: follow to the root
+    while True:
+        further = found[found]
+        if torch.equal(further, found):
+            break
+        found = further
+    return torch.where(before >= 0, found[before.clamp_min(0)], z)
+
+
+_FAST_RANDPERM: list[bool] = []
+
+
+def _fast_randperm_ok() -> bool:
+    if not _FAST_RANDPERM:
+        ok = True
+        for n, k, seed in [(1, 1, 1), (5, 5, 2), (50, 40, 3), (1000, 999, 4), (100_003, 1001, 5)]:
+            fast = _randperm_head(n, k, torch.Generator().manual_seed(seed))
+            full = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k]
+            ok = ok and torch.equal(fast, full)
+        _FAST_RANDPERM.append(ok)
+    return _FAST_RANDPERM[0]
 
 
 def scatter(indices: torch.Tensor, values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
