@@ -179,7 +179,8 @@ class QSGD(Codec):
         scaled = scaled.mul_(self.levels).view(-1)[:n]
         level = scaled.floor()
         up = torch.rand_like(scaled) < scaled.sub_(level)  # scaled is its fraction now
-        level.add_(up).mul_(torch.sign(x)).add_(self.levels)  # in [0, 2 levels]
+        # (adding the bools themselves would convert them on torch's slow mixed-type path)
+        level.add_(up.to(level.dtype)).mul_(torch.sign(x)).add_(self.levels)  # [0, 2 levels]
         small = self.width <= 8
         signed = level.to(torch.uint8 if small else torch.int64)
         return {"norms": norms.reshape(-1), "levels": pack_bits(signed, self.width)}
