@@ -22,13 +22,15 @@ def synthetic():
     return load_dataset("synthetic", seed=0)
 
 
-def reference_sgd(dataset, batch_size, steps, lr=0.05, momentum=0.9, seed=0, model="mlp"):
-    """Plain PyTorch, one worker, the same samples in the same order: the ground truth."""
+def reference_sgd(dataset, batch_size, steps, lr=0.05, momentum=0.9, seed=0, model="mlp",
+                  **sgd):
+    """Plain PyTorch, one worker, the same samples in the same order: the ground truth
+    (`sgd`: more arguments of torch.optim.SGD)."""
     from fastsgd.data import Shard
 
     torch.manual_seed(seed)
     net = build_model(model, dataset.input_shape, dataset.num_classes)
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, **sgd)
     shard = Shard(dataset.train_x, dataset.train_y, batch_size, 0, 1, seed)
     for k in range(steps):
         x, y = shard.batch(k)

@@ -53,6 +53,11 @@ def fastsgd(*args, cwd=None):
     (["simulate", "--set", "strategy.name=dpsgd", "--set", "strategy.topology=onepeer",
       "--set", "compression.name=topk", "--set", "data.name=synthetic"],
      "strategy.topology = 'onepeer'"),
+    (["run", "--set", "compression.name=onebit", "--set", "optimizer.momentum=0",
+      "--set", "strategy.momentum_correction=on", "--set", "data.name=synthetic"],
+     "strategy.momentum_correction = 'on' but the optimizer (SGD) has no momentum"),
+    (["simulate", "--set", "strategy.momentum_correction=yes"],
+     "strategy.momentum_correction must be one of"),
 ])
 def test_bad_input_is_one_line(args, culprit):
     proc = fastsgd(*args)

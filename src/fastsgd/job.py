@@ -161,6 +161,9 @@ class Job:
         strategy, codec = self._strategy_object(config), self._codec(config)
         check_codec(strategy, codec, config["run"]["workers"])
         _check_momentum_once(codec, config["optimizer"])
+        check_optimizer = getattr(strategy, "check_optimizer", None)
+        if check_optimizer is not None:  # on a probe: before any worker starts
+            check_optimizer(self._optimizer([torch.nn.Parameter(torch.zeros(1))]), codec)
         make_model = self._model_factory(config, dataset)
         run_dir = self._run_dir(config, transport)
         config = cfg.merged(config, run={"out": str(run_dir)})

@@ -1,7 +1,7 @@
 """The paper's contract for a user who keeps their own loop.
 
     transport = fastsgd.connect()                      # under torchrun
-    replica = fastsgd.Replica(model, transport, "allreduce")
+    replica = fastsgd.Replica(model, transport, "allreduce", optimizer=optimizer)
     for x, y in my_loader:
         optimizer.zero_grad()
         loss_fn(model(x), y).backward()
@@ -9,7 +9,9 @@
         optimizer.step()
         replica.sync_parameters()                      # parameter exchange, if the strategy has one
 
-fastsgd moves the gradients; the user's optimizer applies them. A strategy that averages or
+fastsgd moves the gradients; the user's optimizer applies them. Given the optimizer, a
+strategy can see whether it has momentum (allreduce then compresses each worker's update
+rather than its gradient: strategies/correction.py). A strategy that averages or
 drains on its last step (DRAINS_AT_END) needs `total_steps`, the number of sync_parameters
 calls in the run (examples/own_loop.py).
 """
@@ -32,7 +34,8 @@ class Replica:
 
     def __init__(self, model: torch.nn.Module, transport: Transport,
                  strategy: Strategy | str = "allreduce",
-                 compressor: Compressor | str | None = None, total_steps: int | None = None):
+                 compressor: Compressor | str | None = None, total_steps: int | None = None,
+                 optimizer: torch.optim.Optimizer | None = None):
         if isinstance(strategy, str):
             strategy = build_strategy({"name": strategy})
         if isinstance(compressor, str):
@@ -40,7 +43,8 @@ class Replica:
         self.model = model
         self.params = list(model.parameters())
         self.strategy = strategy
-        self.ctx = Context(transport, compressor or Identity(), total_steps=total_steps)
+        self.ctx = Context(transport, compressor or Identity(), total_steps=total_steps,
+                           optimizer=optimizer)
         self._warned = False
         check_codec(strategy, self.ctx.compressor, transport.world_size)
         self.broadcast_from(0)

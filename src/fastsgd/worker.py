@@ -97,7 +97,7 @@ def train(plan: Plan, transport: Transport) -> dict[str, Any] | None:
     optimizer = plan.make_optimizer(model.parameters())
     replica = Replica(model, transport, copy.deepcopy(plan.strategy),
                       copy.deepcopy(plan.compressor), total_steps=plan.total_steps(
-                          transport.world_size))
+                          transport.world_size), optimizer=optimizer)
     try:
         return _Loop(plan, replica, optimizer).run()
     finally:

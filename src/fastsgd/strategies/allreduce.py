@@ -8,8 +8,11 @@ the concatenated global batch, hence N workers with batch b equal 1 worker with 
 
 On the wire: one all-reduce of every gradient per step, 2(n-1)/n of the bucket bytes sent by
 each worker (ring algorithm). With a lossy codec each parameter tensor is reduced in its
-compressed form after backward (compress/collectives.py): compressing layer by layer keeps a
-codec's scales per layer (Karimireddy et al. 2019); the codec state is in the strategy state.
+compressed form (compress/collectives.py): compressing layer by layer keeps a codec's scales
+per layer (Karimireddy et al. 2019); the codec state is in the strategy state. What is
+compressed is the gradient, after backward, or, with momentum correction (on by default when
+the optimizer has momentum; correction.py), the change each worker's own optimizer step made,
+after the step.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from typing import Any
 import torch
 
 from fastsgd.compress.collectives import all_reduce_means, init_all_reduce
-from fastsgd.options import Configurable, Option, positive
+from fastsgd.options import Configurable, Option, one_of, positive
 from fastsgd.strategies.base import Context
+from fastsgd.strategies.correction import MODES, corrects
 from fastsgd.transport.base import Handle
 
 
@@ -32,6 +36,9 @@ class _Bucket:
         self.views = list(self.flat.split([p.numel() for p in params]))
         self.pending = len(params)
         self.handle: Handle | None = None
+
+    def gather_params(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
 
     def gather_grads(self) -> None:
         for p, view in zip(self.params, self.views):
@@ -64,13 +71,19 @@ class AllReduce(Configurable, section="strategy"):
     OPTIONS = {
         "bucket_mb": Option(float, 25.0, positive, "gradient bucket size in MB"),
         "overlap": Option(bool, True, doc="start each bucket's all-reduce during backward"),
+        "momentum_correction": Option(str, "auto", one_of(MODES), "a lossy codec carries the "
+                                      "optimizer's update, not the gradient (auto: if it has "
+                                      "momentum)"),
     }
 
-    def __init__(self, bucket_mb: float = 25.0, overlap: bool = True):
+    def __init__(self, bucket_mb: float = 25.0, overlap: bool = True,
+                 momentum_correction: str = "auto"):
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.overlap = overlap
+        self.momentum_correction = momentum_correction
         self._buckets: list[_Bucket] = []
         self._hooks: list[Any] = []
+        self._start: list[torch.Tensor] | None = None  # corrected: parameters before the step
 
     def init(self, params: list[torch.nn.Parameter], ctx: Context) -> dict[str, Any]:
         self.close()
@@ -80,6 +93,7 @@ class AllReduce(Configurable, section="strategy"):
         self._buckets = [_Bucket(group) for group in _group(trainable[::-1], limit)]
         if lossy:
             n = ctx.transport.world_size
+            self._corrected = corrects(self.momentum_correction, ctx.optimizer, ctx.compressor)
             return {"codec": [init_all_reduce(ctx.compressor, b.flat, n) for b in self._buckets]}
         if self.overlap:
             for bucket in self._buckets:
@@ -88,6 +102,10 @@ class AllReduce(Configurable, section="strategy"):
                         lambda _p, b=bucket: self._ready(b, ctx)))
         return {}
 
+    def check_optimizer(self, optimizer: torch.optim.Optimizer, codec: Any) -> None:
+        """Refuse momentum_correction = 'on' with an optimizer that has no momentum."""
+        corrects(self.momentum_correction, optimizer, codec)
+
     def _ready(self, bucket: _Bucket, ctx: Context) -> None:
         bucket.pending -= 1
         if bucket.pending == 0:
@@ -95,6 +113,9 @@ class AllReduce(Configurable, section="strategy"):
 
     def on_gradients(self, params: list[torch.nn.Parameter], state: dict[str, Any],
                      ctx: Context) -> None:
+        if "codec" in state and self._corrected:  # the update moves after the step
+            self._start = [bucket.gather_params() for bucket in self._buckets]
+            return
         if "codec" in state:  # each layer encoded alone, all layers moved together
             for bucket in self._buckets:
                 bucket.gather_grads()
@@ -112,7 +133,18 @@ class AllReduce(Configurable, section="strategy"):
 
     def on_parameters(self, params: list[torch.nn.Parameter], state: dict[str, Any],
                       ctx: Context) -> None:
-        return None
+        """Momentum correction: every worker restarts from the shared parameters plus the
+        mean of the changes the workers' own optimizer steps made, moved by the codec."""
+        if self._start is None:
+            return
+        changes = [b.gather_params() - start for b, start in zip(self._buckets, self._start)]
+        means = all_reduce_means(changes, ctx.compressor, state["codec"], ctx.transport)
+        with torch.no_grad():
+            for bucket, start, mean in zip(self._buckets, self._start, means):
+                for p, view in zip(bucket.params, start.add_(mean).split(
+                        [p.numel() for p in bucket.params])):
+                    p.copy_(view.view_as(p))
+        self._start = None
 
     def close(self) -> None:
         for hook in self._hooks:

@@ -31,6 +31,7 @@ class Context:
     total_steps: int | None = None
     stats: dict[str, float] = field(default_factory=dict)
     score: Callable[[], float] | None = None  # loss of the current parameters on a sample
+    optimizer: torch.optim.Optimizer | None = None  # the worker's, when known (correction.py)
 
     @property
     def last_step(self) -> bool:

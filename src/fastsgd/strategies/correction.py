@@ -1,0 +1,52 @@
+"""Momentum correction: a lossy codec carries the update the optimizer makes, not the gradient.
+
+With momentum (or Adam's first moment) applied after a lossy all-reduce, the codec's error
+feedback and the momentum compound each other: a residual fed back into the gradient is
+amplified 1/(1-beta) times by the momentum, and sign-like codecs diverged at the synchronous
+settings (onebit 68%, sign 50% against 87% uncompressed; issue 11). DGC's momentum correction
+(Lin et al. 2018) instead compresses the momentum-accumulated velocity; Zheng et al. 2019
+(dist-EF-SGDM) show error feedback on the local momentum update converges as momentum SGD
+does. Generalized to any optimizer: each worker steps its own optimizer on its own gradient,
+and the change that step made to its parameters travels through the codec, with error
+feedback, and every worker applies the mean change from the shared starting point.
+
+- Momentum SGD (Nesterov and weight decay included) is linear in the gradients: with a codec
+  that loses nothing this is exactly momentum SGD on the averaged gradient (each worker's
+  momentum buffer holds its own part of the global one); tested.
+- Adam: the mean of the workers' Adam steps, each preconditioned by its own second moment
+  (Adam's update, compressed as 1-bit Adam compresses its momentum after freezing the
+  variance, Tang et al. 2021; here the variance is each worker's own and never frozen).
+- A codec that applies momentum itself (DGC) keeps compressing the gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastsgd.compress.base import Compressor
+from fastsgd.errors import UserError
+
+MODES = ("auto", "on", "off")
+
+
+def has_momentum(optimizer: torch.optim.Optimizer) -> bool:
+    """Heavy-ball momentum (SGD, RMSprop) or a first moment (Adam's betas[0])."""
+    for group in optimizer.param_groups:
+        betas = group.get("betas")
+        if group.get("momentum", 0) or (betas is not None and betas[0] > 0):
+            return True
+    return False
+
+
+def corrects(mode: str, optimizer: torch.optim.Optimizer | None, codec: Compressor) -> bool:
+    """Whether the update is compressed rather than the gradient; `on` without momentum is
+    refused (one line naming the key)."""
+    lossy = codec.kind != "exact" and not getattr(codec, "momentum", 0)
+    if mode == "off" or not lossy:
+        return False
+    known = optimizer is not None and has_momentum(optimizer)
+    if mode == "on" and optimizer is not None and not known:
+        raise UserError(f"strategy.momentum_correction = 'on' but the optimizer "
+                        f"({type(optimizer).__name__}) has no momentum: set optimizer.momentum "
+                        f"> 0, or momentum_correction = 'auto'")
+    return mode == "on" or known
