@@ -64,7 +64,7 @@ def test_allreduce_needs_no_total_steps():
 
 def test_the_strategies_that_drain_say_so():
     drains = {name for name in STRATEGIES if getattr(STRATEGIES.get(name), "DRAINS_AT_END", False)}
-    assert drains == {"localsgd", "easgd", "bmuf", "ssp", "ps", "adpsgd", "sgp"}
+    assert drains == {"localsgd", "easgd", "bmuf", "ssp", "ps", "adpsgd", "sgp", "diloco"}
 
 
 def test_consensus_distance_is_the_mean_squared_distance_to_the_average():
