@@ -56,6 +56,11 @@ def fastsgd(*args, cwd=None):
     (["run", "--set", "compression.name=onebit", "--set", "optimizer.momentum=0",
       "--set", "strategy.momentum_correction=on", "--set", "data.name=synthetic"],
      "strategy.momentum_correction = 'on' but the optimizer (SGD) has no momentum"),
+    (["run", "--set", "strategy.name=diloco", "--set", "strategy.fragments=99",
+      "--set", "data.name=synthetic", "--set", "model.name=mlp"],
+     "strategy.fragments must be <= the model's 6 parameter tensors"),
+    (["simulate", "--set", "strategy.name=diloco", "--set", "strategy.overlap=500"],
+     "strategy.overlap must be < strategy.period (500)"),
     (["simulate", "--set", "strategy.momentum_correction=yes"],
      "strategy.momentum_correction must be one of"),
 ])

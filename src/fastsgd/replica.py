@@ -41,7 +41,11 @@ class Replica:
         if isinstance(compressor, str):
             compressor = build_compressor({"name": compressor})
         self.model = model
-        self.params = list(model.parameters())
+        # floating-point buffers (BatchNorm's running statistics) go to the strategy with the
+        # parameters: strategies that move parameters move them alike (averaging, gossip, the
+        # parameter server); allreduce averages them; ssp leaves them to each worker
+        self.params = [*model.parameters(),
+                       *(b for b in model.buffers() if b.is_floating_point())]
         self.strategy = strategy
         self.ctx = Context(transport, compressor or Identity(), total_steps=total_steps,
                            optimizer=optimizer)
@@ -67,7 +71,7 @@ class Replica:
     def broadcast_from(self, src: int) -> None:
         """Make every replica start from rank `src`'s parameters and buffers."""
         with torch.no_grad():
-            for t in [*self.params, *self.model.buffers()]:
+            for t in [*self.model.parameters(), *self.model.buffers()]:
                 self.transport.broadcast(t.data, src)
 
     def sync_gradients(self) -> None:

@@ -88,6 +88,9 @@ class AllReduce(Configurable, section="strategy"):
     def init(self, params: list[torch.nn.Parameter], ctx: Context) -> dict[str, Any]:
         self.close()
         trainable = [p for p in params if p.requires_grad]
+        # buffers (BatchNorm's running statistics) are averaged after each step: every worker
+        # keeps the statistics of the global batch (DDP instead broadcasts rank 0's)
+        self._buffers = [p for p in params if not isinstance(p, torch.nn.Parameter)]
         lossy = ctx.compressor.kind != "exact"
         limit = 0 if lossy else self.bucket_bytes  # lossy: one tensor each, scaled layer-wise
         self._buckets = [_Bucket(group) for group in _group(trainable[::-1], limit)]
@@ -133,8 +136,15 @@ class AllReduce(Configurable, section="strategy"):
 
     def on_parameters(self, params: list[torch.nn.Parameter], state: dict[str, Any],
                       ctx: Context) -> None:
-        """Momentum correction: every worker restarts from the shared parameters plus the
-        mean of the changes the workers' own optimizer steps made, moved by the codec."""
+        """Buffers are averaged. Momentum correction: every worker restarts from the shared
+        parameters plus the mean of the changes its peers' optimizer steps made, moved by the
+        codec."""
+        if self._buffers:
+            flat = torch.cat([b.reshape(-1) for b in self._buffers])
+            ctx.transport.all_reduce(flat)
+            flat.div_(ctx.transport.world_size)
+            for b, view in zip(self._buffers, flat.split([b.numel() for b in self._buffers])):
+                b.copy_(view.view_as(b))
         if self._start is None:
             return
         changes = [b.gather_params() - start for b, start in zip(self._buckets, self._start)]

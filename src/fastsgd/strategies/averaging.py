@@ -27,7 +27,7 @@ from fastsgd.compress.collectives import init_all_reduce
 from fastsgd.options import Configurable, Option, at_least, between
 from fastsgd.strategies.allreduce import AllReduce
 from fastsgd.strategies.base import Context
-from fastsgd.strategies.params import assign, average, flatten, mean_change
+from fastsgd.strategies.params import assign, average, buffer_mask, flatten, mean_change
 
 Params = list[torch.nn.Parameter]
 
@@ -129,6 +129,7 @@ class BMUF(_Periodic):
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         start = flatten(params)
+        self._buffers = buffer_mask(params)
         return {"global": start, "delta": torch.zeros_like(start), **_codec_state(params, ctx)}
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
@@ -138,8 +139,12 @@ class BMUF(_Periodic):
             block_update = mean_change(params, state["global"], ctx, state["average_codec"])
         else:
             block_update = average(params, ctx.transport) - state["global"]
+        mean = state["global"] + block_update
         state["delta"].mul_(self.momentum).add_(block_update, alpha=self.block_lr)
         state["global"] += state["delta"]
+        if self._buffers is not None:  # unfiltered (params.buffer_mask)
+            state["global"][self._buffers] = mean[self._buffers]
+            state["delta"][self._buffers] = 0
         last = ctx.last_step or not self.nesterov
         start = state["global"] if last else state["global"] + self.momentum * state["delta"]
         assign(params, start)

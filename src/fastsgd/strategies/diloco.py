@@ -52,7 +52,7 @@ from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.options import Configurable, Option, at_least, between, positive
 from fastsgd.strategies.base import Context
-from fastsgd.strategies.params import flatten
+from fastsgd.strategies.params import buffer_mask, flatten
 from fastsgd.transport.base import Done, Handle
 
 Params = list[torch.nn.Parameter]
@@ -111,6 +111,7 @@ class DiLoCo(Configurable, section="strategy"):
         starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         self._slices = [(starts[a], starts[b]) for a, b in self._groups]
         start = flatten(params)  # every replica starts from rank 0's parameters
+        self._buffers = buffer_mask(params)
         state: dict[str, Any] = {"global": start, "momentum": torch.zeros_like(start)}
         if ctx.compressor.kind != "exact":
             n = ctx.transport.world_size
@@ -161,9 +162,13 @@ class DiLoCo(Configurable, section="strategy"):
             mean = mean / ctx.transport.world_size
         a, b = self._slices[f]
         momentum, global_ = state["momentum"][a:b], state["global"][a:b]
+        workers_mean = global_ - mean
         momentum.mul_(self.momentum).add_(mean)
         update = mean + self.momentum * momentum if self.nesterov else momentum
         global_.sub_(update, alpha=self.outer_lr)
+        if self._buffers is not None:  # no outer step: the workers' mean (params.buffer_mask)
+            plain = self._buffers[a:b]
+            global_[plain], momentum[plain] = workers_mean[plain], 0
         if started == ctx.step:
             self._assign(f, params, global_)
         else:  # overlapped: the worker trained meanwhile; the paper's merge

@@ -10,6 +10,17 @@ from torch.nn.utils import parameters_to_vector
 from fastsgd.compress.collectives import all_reduce_mean
 
 
+def buffer_mask(params: list[torch.Tensor]) -> torch.Tensor | None:
+    """Which elements of `flatten(params)` are buffers (BatchNorm's running statistics: the
+    tensors that are not nn.Parameters), or None if there are none. Strategies that filter
+    a global model (bmuf's block momentum, diloco's outer Nesterov step) give buffers the
+    workers' plain mean: a step past it could take a running variance below zero."""
+    if all(isinstance(p, torch.nn.Parameter) for p in params):
+        return None
+    return torch.cat([torch.full((p.numel(),), not isinstance(p, torch.nn.Parameter))
+                      for p in params])
+
+
 def flatten(params: list[torch.nn.Parameter]) -> torch.Tensor:
     """A new 1-D tensor holding all parameters (a copy, safe to send)."""
     return parameters_to_vector([p.detach() for p in params])
