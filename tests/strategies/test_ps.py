@@ -20,19 +20,36 @@ def test_one_worker_push_fetch_every_step_is_local_sgd(momentum, synthetic, tmp_
     {"name": "ps", "staleness_lr": True},
 ])
 def test_ps_trains_with_stragglers_and_jitter(strategy, synthetic, tmp_path):
-    # the server adds up every worker's steps: a smaller rate than synchronous SGD's
+    # at the synchronous settings (lr 0.05, momentum 0.9): the server averages the pushes and
+    # the workers' momentum is cut for the asynchrony (adapt_optimizer, the default)
     job = sim_job(synthetic, tmp_path, strategy, steps=150, **{
-        "network.jitter": "2ms", "compute.slowdown": [1, 1, 1, 3], "optimizer.lr": 0.02})
+        "network.jitter": "2ms", "compute.slowdown": [1, 1, 1, 3]})
     result = job.simulate(4)
     assert result.accuracy > 0.55
     assert max(m["staleness"] for m in result.metrics()) >= 1
 
 
+def test_a_rate_tuned_for_the_summing_server_still_trains_without_adaptation(synthetic,
+                                                                             tmp_path):
+    # before adapt_optimizer: the server adds up every worker's steps, so a smaller rate
+    # than synchronous SGD's (the settings this test used to pass alone)
+    job = sim_job(synthetic, tmp_path, {"name": "ps", "adapt_optimizer": False}, steps=150,
+                  **{"network.jitter": "2ms", "compute.slowdown": [1, 1, 1, 3],
+                     "optimizer.lr": 0.02})
+    result = job.simulate(4)
+    assert result.accuracy > 0.55
+
+
 @pytest.mark.multiproc
-def test_ps_on_real_processes(synthetic, tmp_path):
-    # asynchrony on real processes depends on the machine's load: staleness-aware rate
-    result = sim_job(synthetic, tmp_path, {"name": "ps", "servers": 2, "staleness_lr": True},
-                     steps=150, **{"optimizer.lr": 0.02}).run(4)
+@pytest.mark.parametrize("strategy, options", [
+    ({}, {}),  # the synchronous settings, adapted (the default)
+    # asynchrony on real processes depends on the machine's load: staleness-aware rate, at
+    # the rate tuned for the summing server before adapt_optimizer
+    ({"staleness_lr": True, "adapt_optimizer": False}, {"optimizer.lr": 0.02}),
+])
+def test_ps_on_real_processes(strategy, options, synthetic, tmp_path):
+    result = sim_job(synthetic, tmp_path, {"name": "ps", "servers": 2, **strategy},
+                     steps=150, **options).run(4)
     assert result.accuracy > 0.5
 
 
@@ -52,7 +69,9 @@ def _conservation(t):
     from fastsgd.strategies.ps import ParameterServer
 
     p = torch.nn.Parameter(torch.zeros(1000, dtype=torch.float64))
-    strategy, ctx = ParameterServer(servers=2), Context(t, Identity(), total_steps=40)
+    # every push applied as it came (the server's 1/n is tested in test_staleness.py)
+    strategy = ParameterServer(servers=2, adapt_optimizer=False)
+    ctx = Context(t, Identity(), total_steps=40)
     state = strategy.init([p], ctx)
     rng = torch.Generator().manual_seed(t.rank)
     moved = torch.zeros_like(p)

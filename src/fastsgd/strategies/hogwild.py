@@ -14,6 +14,7 @@ import torch
 from fastsgd.options import Configurable
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import flatten
+from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment
 
 Params = list[torch.nn.Parameter]
 
@@ -21,9 +22,16 @@ Params = list[torch.nn.Parameter]
 class Hogwild(Configurable, section="strategy"):
     name = "hogwild"
     CODEC_KINDS = ("exact",)
-    OPTIONS: dict = {}
+    OPTIONS = {"adapt_optimizer": ADAPT_OPTION}
+
+    def __init__(self, adapt_optimizer: bool = True):
+        self.adapt_optimizer = adapt_optimizer
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        # n optimizers step one vector: it moves by the sum of their steps, where synchronous
+        # SGD moves by the mean, so each optimizer's rate is cut to 1/n (staleness.py)
+        if self.adapt_optimizer:
+            Adjustment(lr_scale=1.0 / ctx.transport.world_size).apply(ctx.optimizer)
         shared = ctx.transport.shared_tensor("hogwild", flatten(params))
         offset = 0
         for p in params:

@@ -11,9 +11,13 @@ last step it always asks): requests piling up faster than a busy server answers 
 every answer older, and each one costs the worker a pass over the snapshots still out.
 Nobody waits for anyone, except at the end: a server answers the final fetches once every
 worker's final push is in (a worker's push reaches a server before its fetch does), so all
-workers end with the servers' final parameters. With `staleness_lr`, a server
-scales a push by 1/staleness, the number of pushes it applied since the pusher last fetched
-(Zhang et al. 2016). On the wire: parameter deltas up, parameters down. With a lossy codec,
+workers end with the servers' final parameters. A server adds up every worker's steps where
+synchronous SGD averages them: with `adapt_optimizer` (the default) it applies each push at
+1/n, and the workers' momentum is lowered for the momentum that n asynchronous workers bring
+(Mitliagkas et al. 2016; staleness.py), so the synchronous lr and momentum train as they do
+under allreduce. With `staleness_lr`, a server scales a push by 1/staleness instead, the
+number of pushes it applied since the pusher last fetched (Zhang et al. 2016). On the wire:
+parameter deltas up, parameters down. With a lossy codec,
 pushes are encoded with error feedback (a residual per shard on the worker), and a server
 answers a fetch with the compressed change since what it last told that worker; both ends
 keep that copy, so nothing drifts.
@@ -33,6 +37,7 @@ from fastsgd.errors import UserError
 from fastsgd.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, flatten
+from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment, queue_staleness
 
 Params = list[torch.nn.Parameter]
 PUSH, FETCH, PARAMS = 31, 32, 33
@@ -47,12 +52,13 @@ class ParameterServer(Configurable, section="strategy"):
         "n_fetch": Option(int, 1, at_least(1), "steps between fetches"),
         "servers": Option(int, 1, at_least(1), "ranks holding a shard"),
         "staleness_lr": Option(bool, False, doc="scale pushes by 1/staleness"),
+        "adapt_optimizer": ADAPT_OPTION,
     }
 
     def __init__(self, n_push: int = 1, n_fetch: int = 1, servers: int = 1,
-                 staleness_lr: bool = False):
+                 staleness_lr: bool = False, adapt_optimizer: bool = True):
         self.n_push, self.n_fetch, self.servers = n_push, n_fetch, servers
-        self.staleness_lr = staleness_lr
+        self.staleness_lr, self.adapt_optimizer = staleness_lr, adapt_optimizer
 
     def check(self, world_size: int) -> None:
         if self.servers > world_size:
@@ -69,6 +75,13 @@ class ParameterServer(Configurable, section="strategy"):
         self._asked: list[deque[torch.Tensor]] = [deque() for _ in range(self.servers)]
         self._last_fetch = 0
         self._codec = codec = ctx.compressor
+        # adapt_optimizer (staleness.py): the server adds every worker's steps where
+        # synchronous SGD averages them, so it applies each push at 1/n (staleness_lr:
+        # 1/staleness instead); n workers updating it asynchronously bring the implicit
+        # momentum 1 - 1/n, taken off the workers' explicit momentum
+        self._push_scale = 1.0 / t.world_size if self.adapt_optimizer else 1.0
+        if self.adapt_optimizer:
+            Adjustment(staleness=queue_staleness(t.world_size)).apply(ctx.optimizer)
         t.start_messages()
         shards = [flat[part].clone() for part in self._slices]
         state: dict[str, Any] = {}
@@ -91,7 +104,7 @@ class ParameterServer(Configurable, section="strategy"):
         delta, based_on = receive(self._codec, message, state["shard"], src)
         with self._lock:
             staleness = int(state["version"]) - based_on
-            scale = 1.0 / max(1, staleness) if self.staleness_lr else 1.0
+            scale = 1.0 / max(1, staleness) if self.staleness_lr else self._push_scale
             state["shard"].add_(delta, alpha=scale)
             state["version"] += 1
 

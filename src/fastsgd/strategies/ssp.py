@@ -22,6 +22,7 @@ import torch
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
 from fastsgd.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
+from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment
 from fastsgd.transport.base import Done, Handle
 
 Params = list[torch.nn.Parameter]
@@ -30,18 +31,27 @@ Params = list[torch.nn.Parameter]
 class StaleSynchronous(Configurable, section="strategy"):
     name = "ssp"
     DRAINS_AT_END = True  # applies every all-reduce still in flight (ctx.last_step)
-    OPTIONS = {"staleness": Option(int, 2, at_least(0), "steps a peer's gradient may lag")}
+    OPTIONS = {"staleness": Option(int, 2, at_least(0), "steps a peer's gradient may lag"),
+               "adapt_optimizer": ADAPT_OPTION}
 
-    def __init__(self, staleness: int = 2):
-        self.staleness = staleness
+    def __init__(self, staleness: int = 2, adapt_optimizer: bool = True):
+        self.staleness, self.adapt_optimizer = staleness, adapt_optimizer
         self._in_flight: deque[tuple[int, torch.Tensor, torch.Tensor, Handle]] = deque()
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         self._in_flight.clear()
+        if self.adapt_optimizer:  # the momentum that the delay brings (staleness.py)
+            Adjustment(staleness=self.mean_staleness(ctx.transport.world_size)).apply(
+                ctx.optimizer)
         if ctx.compressor.kind == "exact":
             return {}
         like = torch.cat([p.detach().reshape(-1) for p in params if p.requires_grad])
         return {"codec": init_all_reduce(ctx.compressor, like, ctx.transport.world_size)}
+
+    def mean_staleness(self, world_size: int) -> float:
+        """The mean age of the gradient applied: a worker's own 1/n of it is fresh, the
+        peers' (n - 1)/n is `staleness` steps old."""
+        return self.staleness * (world_size - 1) / world_size
 
     def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         trainable = [p for p in params if p.requires_grad]

@@ -19,6 +19,7 @@ from fastsgd.compress.wire import pack
 from fastsgd.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, flatten
+from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment
 
 Params = list[torch.nn.Parameter]
 
@@ -26,12 +27,17 @@ Params = list[torch.nn.Parameter]
 class Tournament(Configurable, section="strategy"):
     name = "ltfb"
     CODEC_KINDS = ("exact", "quantize", "sparse")
-    OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds")}
+    OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds"),
+               "adapt_optimizer": ADAPT_OPTION}
 
-    def __init__(self, period: int = 50):
-        self.period = period
+    def __init__(self, period: int = 50, adapt_optimizer: bool = True):
+        self.period, self.adapt_optimizer = period, adapt_optimizer
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        # n models, each trained alone on the batch of one worker: the rate tuned for the
+        # global batch n B, scaled to B by the square-root rule (staleness.py)
+        if self.adapt_optimizer:
+            Adjustment(lr_scale=ctx.transport.world_size ** -0.5).apply(ctx.optimizer)
         return {"wins": torch.zeros(1, dtype=torch.int64)}
 
     def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
