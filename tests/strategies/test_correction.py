@@ -64,6 +64,9 @@ def test_correction_is_on_whenever_the_optimizer_has_momentum():
     assert not corrects("off", torch.optim.Adam(p), onebit)
     assert not corrects("on", torch.optim.Adam(p), Identity())  # nothing lost, nothing to do
     assert not corrects("on", torch.optim.SGD(p, lr=0.1), dgc)  # DGC corrects by itself
+    powersgd = build_compressor({"name": "powersgd"})  # its own paper: momentum after
+    assert not corrects("auto", torch.optim.SGD(p, momentum=0.9), powersgd)
+    assert corrects("on", torch.optim.SGD(p, momentum=0.9), powersgd)
 
 
 def test_correction_asked_for_without_momentum_is_refused_by_name(synthetic, tmp_path):

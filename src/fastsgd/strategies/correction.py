@@ -16,7 +16,10 @@ feedback, and every worker applies the mean change from the shared starting poin
 - Adam: the mean of the workers' Adam steps, each preconditioned by its own second moment
   (Adam's update, compressed as 1-bit Adam compresses its momentum after freezing the
   variance, Tang et al. 2021; here the variance is each worker's own and never frozen).
-- A codec that applies momentum itself (DGC) keeps compressing the gradient.
+- A codec that applies momentum itself (DGC) keeps compressing the gradient, and so does
+  PowerSGD under `auto`: its warm-started power iteration tracks the slowly changing gradient
+  and its paper pairs error feedback on gradients with momentum after the all-reduce (Vogels
+  et al. 2019); measured, gradients 86.65% against updates 85.39% (docs/compression.md).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def corrects(mode: str, optimizer: torch.optim.Optimizer | None, codec: Compress
     """Whether the update is compressed rather than the gradient; `on` without momentum is
     refused (one line naming the key)."""
     lossy = codec.kind != "exact" and not getattr(codec, "momentum", 0)
-    if mode == "off" or not lossy:
+    if mode == "off" or not lossy or (mode == "auto" and codec.kind == "lowrank"):
         return False
     known = optimizer is not None and has_momentum(optimizer)
     if mode == "on" and optimizer is not None and not known:
