@@ -35,9 +35,9 @@ class Tournament(Configurable, section="strategy"):
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         # n models, each trained alone on the batch of one worker: the rate tuned for the
-        # global batch n B, scaled to B by the square-root rule (staleness.py)
+        # global batch n B, scaled to B by the linear scaling rule (staleness.py)
         if self.adapt_optimizer:
-            Adjustment(lr_scale=ctx.transport.world_size ** -0.5).apply(ctx.optimizer)
+            Adjustment(lr_scale=1.0 / ctx.transport.world_size).apply(ctx.optimizer)
         return {"wins": torch.zeros(1, dtype=torch.int64)}
 
     def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
