@@ -78,7 +78,8 @@ def test_optimizer_is_recorded_as_its_class_and_defaults():
 
 def test_strategy_and_codec_objects_are_recorded_with_their_options():
     sections = record(strategy=fs.AllReduce(bucket_mb=4), compressor=TopK(ratio=0.05))
-    assert sections["strategy"] == {"name": "allreduce", "bucket_mb": 4.0, "overlap": True}
+    assert sections["strategy"] == {"name": "allreduce", "bucket_mb": 4.0, "overlap": True,
+                                    "momentum_correction": "auto"}
     assert sections["compression"] == {"name": "topk", "ratio": 0.05, "error_feedback": True}
 
 
@@ -165,7 +166,7 @@ def test_own_strategy_class_is_recorded_and_rebuilt(synthetic, tmp_path):
                    quiet=True, options=options).simulate(workers=2)
     recorded = cfg.load(first.run_dir / "config.toml")["strategy"]
     assert recorded == {"name": f"{__name__}:HalfBucketAllReduce", "bucket_mb": 0.5,
-                        "overlap": True}
+                        "overlap": True, "momentum_correction": "auto"}
     again = fs.Job(config=first.run_dir / "config.toml", quiet=True).simulate()
     assert again.run_dir == tmp_path / "a-2"
     a = torch.load(first.run_dir / "model.pt", weights_only=True)
