@@ -142,7 +142,8 @@ def test_custom_model_and_adam_rerun_from_the_cli_bitwise(tmp_path):
                                  "step": f"{__name__}:squared_hinge"}
     assert recorded["optimizer"]["name"] == "torch.optim:Adam"
     assert recorded["optimizer"]["betas"] == [0.8, 0.99]
-    assert recorded["strategy"] == {"name": "allreduce", "bucket_mb": 0.01, "overlap": True}
+    assert recorded["strategy"] == {"name": "allreduce", "bucket_mb": 0.01, "overlap": True,
+                                    "momentum_correction": "auto"}
 
     proc = fastsgd("run", "--quiet", str(first.run_dir / "config.toml"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
