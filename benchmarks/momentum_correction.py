@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from simulated_cell import simulate
 
 CODECS = {"none": [], "onebit": [], "sign": [], "topk": [], "randomk": [], "powersgd": [],
           "qsgd": ["compression.error_feedback=true"]}
@@ -31,14 +30,8 @@ BASE = ["model.name=mlp", "run.workers=4", "data.batch_size=32", "compute.model=
 def run(codec: str, optimizer: str, correction: str, seed: int, steps: int) -> float | None:
     sets = [*BASE, f"run.steps={steps}", f"run.seed={seed}", f"compression.name={codec}",
             f"strategy.momentum_correction={correction}", *CODECS[codec], *OPTIMIZERS[optimizer]]
-    with tempfile.TemporaryDirectory() as out:
-        args = [a for s in [*sets, f"run.out={out}/run"] for a in ("--set", s)]
-        proc = subprocess.run([sys.executable, "-m", "fastsgd", "simulate", "--quiet", *args],
-                              capture_output=True, text=True)
-        summary = Path(out, "run", "summary.json")
-        if proc.returncode != 0 or not summary.exists():  # diverged: no accuracy
-            return None
-        return json.loads(summary.read_text())["final_accuracy"]
+    summary = simulate(sets)
+    return None if summary is None else summary["final_accuracy"]  # None: diverged
 
 
 def main() -> None:
