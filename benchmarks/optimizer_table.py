@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,7 +41,9 @@ BASE = ["model.name=mlp", "run.workers=16", "data.batch_size=32", "compute.model
 def cell(optimizer: str, strategy: str, codec: str, steps: int) -> dict | None:
     sets = [*BASE, f"run.steps={steps}", f"strategy.name={strategy}", *STRATEGIES[strategy],
             f"compression.name={codec}", *OPTIMIZERS[optimizer]]
-    return simulate(sets)
+    summary = simulate(sets)
+    print(f"{optimizer} {strategy} {codec}: {show(summary)}", file=sys.stderr, flush=True)
+    return summary
 
 
 def show(summary: dict | None) -> str:
