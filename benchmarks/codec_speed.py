@@ -35,6 +35,7 @@ import sys
 import time
 
 import torch
+from common import cpu_name
 
 from fastsgd.compress import CODECS
 from fastsgd.compress.powersgd import shape_of
@@ -52,19 +53,10 @@ class OneWorker:
         return None
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine(device: torch.device) -> dict:
-    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "device": str(device),
             "python": platform.python_version()}
     if hasattr(os, "getloadavg"):

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+from common import overrides
+
 import fastsgd as fs
 
 BASE = {"optimizer.lr": 0.2, "optimizer.momentum": 0.0, "data.batch_size": 32}
@@ -103,16 +105,6 @@ def in_subprocess(strategy: str, codec: str, args: argparse.Namespace) -> dict:
     return summary
 
 
-def overrides(pairs: list[str]) -> dict:
-    """`key=value` pairs, each value read as JSON where it parses (numbers, booleans)."""
-    out = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 def run(strategy: str, codec: str, epochs: float, extra: dict) -> dict:

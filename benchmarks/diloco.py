@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shlex
@@ -30,6 +29,7 @@ import tempfile
 import time
 
 import torch
+from common import cpu_name, overrides
 
 import fastsgd as fs
 
@@ -112,27 +112,8 @@ def table(rows: list[list[str]], loads: list[float]) -> str:
         f"1-minute load average before and after each run: {load}.", "", *lines])
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
-def overrides(pairs: list[str]) -> dict:
-    """`key=value` pairs, each value read as JSON where it parses (numbers, booleans)."""
-    out = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from simulated_cell import simulate
+from common import simulate
 
 CODECS = {"none": [], "onebit": [], "sign": [], "topk": [], "randomk": [], "powersgd": [],
           "qsgd": ["compression.error_feedback=true"]}

@@ -22,7 +22,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from simulated_cell import simulate
+from common import simulate
 
 OPTIMIZERS = {
     "sgd": ["optimizer.lr=0.2", "optimizer.momentum=0.0"],

@@ -1,8 +1,10 @@
-"""One `fastsgd simulate` run in a subprocess, for the benchmarks that sweep settings."""
+"""What several benchmarks share: one `fastsgd simulate` run in a subprocess, the machine's
+CPU name, and `key=value` overrides."""
 
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 import tempfile
@@ -25,3 +27,27 @@ def simulate(sets: list[str], evals: bool = False) -> dict[str, Any] | None:
             lines = (run / "eval.jsonl").read_text().splitlines()
             summary["evals"] = [json.loads(line) for line in lines]
         return summary
+
+
+def cpu_name() -> str:
+    """The CPU's model name (for the figures' captions)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def overrides(pairs: list[str]) -> dict:
+    """`key=value` pairs, each value read as JSON where it parses (numbers, booleans)."""
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
