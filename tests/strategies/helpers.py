@@ -20,3 +20,36 @@ def sim_job(dataset, out, strategy: dict, steps=50, batch=16, compressor=None, m
 
 def params(result) -> dict:
     return torch.load(result.run_dir / "model.pt", weights_only=True)
+
+
+def assert_resumes_bitwise(workers: int, replica, steps, total: int = 12) -> None:
+    """`total` steps straight equal half of them, a save and load of model, optimizer and
+    replica state into fresh objects, and the other half: bitwise, on every worker.
+    `replica(t)` builds (model, optimizer, Replica); `steps(t, model, optimizer, replica,
+    first, last)` trains steps [first, last)."""
+    import io
+
+    from fastsgd.transport.sim import simulate
+
+    def straight(t):
+        model, optimizer, rep = replica(t)
+        steps(t, model, optimizer, rep, 0, total)
+        return [p.detach().clone() for p in model.parameters()]
+
+    def resumed(t):
+        model, optimizer, rep = replica(t)
+        steps(t, model, optimizer, rep, 0, total // 2)
+        file = io.BytesIO()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "replica": rep.state_dict()}, file)
+        file.seek(0)
+        saved = torch.load(file, weights_only=True)
+        model, optimizer, rep = replica(t)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        rep.load_state_dict(saved["replica"])
+        steps(t, model, optimizer, rep, total // 2, total)
+        return [p.detach().clone() for p in model.parameters()]
+
+    for a, b in zip(simulate(workers, straight), simulate(workers, resumed)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -1,6 +1,5 @@
 """Codecs on the messages of every strategy: training, invariants, bytes and saved state."""
 
-import io
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ from fastsgd.compress import build_compressor
 from fastsgd.strategies import Context, build_strategy
 from fastsgd.strategies.gossip import DPSGD
 from fastsgd.transport.sim import simulate
-from tests.strategies.helpers import sim_job
+from tests.strategies.helpers import assert_resumes_bitwise, sim_job
 
 DIM = 3000
 
@@ -116,25 +115,4 @@ def test_codec_state_is_saved_and_restored_with_the_worker(strategy, codec):
             optimizer.step()
             rep.sync_parameters()
 
-    def straight(t):
-        model, optimizer, rep = replica(t)
-        steps(t, model, optimizer, rep, 0, 12)
-        return [p.detach().clone() for p in model.parameters()]
-
-    def resumed(t):
-        model, optimizer, rep = replica(t)
-        steps(t, model, optimizer, rep, 0, 6)
-        file = io.BytesIO()
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "replica": rep.state_dict()}, file)
-        file.seek(0)
-        saved = torch.load(file, weights_only=True)
-        model, optimizer, rep = replica(t)
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        rep.load_state_dict(saved["replica"])
-        steps(t, model, optimizer, rep, 6, 12)
-        return [p.detach().clone() for p in model.parameters()]
-
-    for a, b in zip(simulate(4, straight), simulate(4, resumed)):
-        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert_resumes_bitwise(4, replica, steps)

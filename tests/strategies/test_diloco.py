@@ -1,7 +1,6 @@
 """DiLoCo and Streaming DiLoCo: the outer Nesterov step against plain torch, fragments and
 overlap, codecs, bad input, checkpoints and real processes."""
 
-import io
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from fastsgd.compress import build_compressor
 from fastsgd.strategies.diloco import DiLoCo, split
 from fastsgd.transport.sim import simulate
 from tests.conftest import max_abs_diff
-from tests.strategies.helpers import params, sim_job
+from tests.strategies.helpers import assert_resumes_bitwise, params, sim_job
 
 INNER_LR = 0.1
 
@@ -237,28 +236,7 @@ def test_state_is_saved_and_restored(codec):
             rep.sync_gradients()
             rep.sync_parameters()
 
-    def straight(t):
-        model, optimizer, rep = replica(t)
-        steps(t, model, optimizer, rep, 0, 12)
-        return [p.detach().clone() for p in model.parameters()]
-
-    def resumed(t):
-        model, optimizer, rep = replica(t)
-        steps(t, model, optimizer, rep, 0, 6)
-        file = io.BytesIO()
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "replica": rep.state_dict()}, file)
-        file.seek(0)
-        saved = torch.load(file, weights_only=True)
-        model, optimizer, rep = replica(t)
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        rep.load_state_dict(saved["replica"])
-        steps(t, model, optimizer, rep, 6, 12)
-        return [p.detach().clone() for p in model.parameters()]
-
-    for a, b in zip(simulate(2, straight), simulate(2, resumed)):
-        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert_resumes_bitwise(2, replica, steps)
 
 
 @pytest.mark.multiproc
