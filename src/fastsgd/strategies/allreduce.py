@@ -40,22 +40,28 @@ class _Bucket:
     def gather_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.params])
 
-    def gather_grads(self) -> None:
+    def gather_grads(self, as_views: bool = False) -> None:
+        """Gradients into the bucket. `as_views`: each `p.grad` becomes its view of the bucket,
+        so the averaged bucket is the gradients with no copy back; where the user's
+        `zero_grad` keeps the tensors, backward accumulates straight into the bucket
+        (PyTorch DDP's gradient_as_bucket_view)."""
         for p, view in zip(self.params, self.views):
             if p.grad is None:
                 view.zero_()
-            else:
+            elif p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad.reshape(-1))
+            if as_views:
+                p.grad = view.view_as(p)
 
     def scatter_grads(self) -> None:
         for p, view in zip(self.params, self.views):
             if p.grad is None:
                 p.grad = view.view_as(p).clone()
-            else:
+            elif p.grad.data_ptr() != view.data_ptr():
                 p.grad.copy_(view.view_as(p))
 
     def launch(self, ctx: Context) -> None:
-        self.gather_grads()
+        self.gather_grads(as_views=True)
         self.handle = ctx.transport.all_reduce(self.flat, async_op=True)
 
     def finish(self, world_size: int) -> None:
