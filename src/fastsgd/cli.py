@@ -12,6 +12,7 @@ USAGE_EXAMPLES = """examples:
   fastsgd run --set run.workers=2 --set model.name=mlp
   fastsgd simulate my.toml --set run.workers=64 --set network.bandwidth=100Mbit
   fastsgd run runs/allreduce-20261126-101500/config.toml     repeat a run (in a new folder)
+  fastsgd run --resume runs/allreduce-20261126-101500        continue it from its checkpoint
   fastsgd keys                                               every config key
 """
 KEYS_HINT = "every section and key, with defaults: fastsgd keys"
@@ -34,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="override one key, e.g. --set run.workers=8 (repeatable)")
         p.add_argument("--overwrite", action="store_true",
                        help="write into run.out even if it holds a run (default: a new folder)")
+        if name != "demo":
+            p.add_argument("--resume", metavar="RUN_DIR",
+                           help="continue RUN_DIR from its newest checkpoint "
+                                "(run.checkpoint_every), with its config.toml")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
     text = "list every config section and key: type, default, meaning"
     sub.add_parser("keys", help=text, description=text)
@@ -105,7 +110,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     path = getattr(args, "config", None)
     _check_set_items(args.set, path)
     job = Job(config=path, options=cfg.parse_overrides(args.set), quiet=args.quiet,
-              overwrite=args.overwrite)
+              overwrite=args.overwrite, resume=getattr(args, "resume", None))
     config = job.config
     if args.command == "demo":
         print(f"fastsgd demo: {config['model']['name']} on {config['data']['name']}, "

@@ -64,6 +64,9 @@ SCHEMA: dict[str, dict[str, Option]] = {
                                  "the model saved and evaluated"),
         "backend": Option(str, "auto", one_of(("auto", "gloo", "nccl")), "torch.distributed"),
         "timeout": Option(float, 300.0, positive, "seconds a collective may wait for a peer"),
+        "checkpoint_every": Option(int, 0, at_least(0), "write a checkpoint every N steps and "
+                                   "at the end; 0 = never (see --resume)"),
+        "keep_checkpoints": Option(int, 2, at_least(1), "complete checkpoints kept"),
     },
     "data": {
         "name": Option(str, "fashion_mnist", doc="fashion_mnist | idx | digits | synthetic"),

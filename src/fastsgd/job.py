@@ -70,7 +70,10 @@ class Job:
                  strategy: str | Strategy | None = None,
                  compressor: str | Compressor | None = None, evaluate: EvalFn | None = None,
                  config: str | Path | dict | None = None, options: dict[str, Any] | None = None,
-                 quiet: bool = False, overwrite: bool = False):
+                 quiet: bool = False, overwrite: bool = False, resume: str | Path | None = None):
+        if resume is not None:  # the run's own config and folder, then `options`
+            config, options = _resume_config(Path(resume), config), {
+                **(options or {}), "run.out": str(resume)}
         raw = cfg.read_toml(Path(config)) if isinstance(config, (str, Path)) else (config or {})
         raw = {s: dict(v) if isinstance(v, dict) else v for s, v in raw.items()}
         for key, value in (options or {}).items():
@@ -90,7 +93,7 @@ class Job:
                 raw.setdefault(section, {}).update(values)
         self.config = cfg.validate(raw)
         self._resolve(given)
-        self.quiet, self.overwrite = quiet, overwrite
+        self.quiet, self.overwrite, self.resume = quiet, overwrite, resume is not None
         self._out_given = "run.out" in (options or {})
 
     def _resolve(self, given: dict[str, Any]) -> None:
@@ -169,15 +172,16 @@ class Job:
         config = cfg.merged(config, run={"out": str(run_dir)})
         return Plan(config=config, run_dir=run_dir, dataset=dataset, make_model=make_model,
                     make_optimizer=self._optimizer, step=self._step, evaluate=self._evaluate,
-                    strategy=strategy, compressor=codec,
-                    simulated=simulated, progress=not self.quiet)
+                    strategy=strategy, compressor=codec, simulated=simulated,
+                    progress=not self.quiet, resume=self.resume)
 
     def _run_dir(self, config: dict, transport: TorchTransport | None) -> Path:
         out = config["run"]["out"]
         name = ""
         if transport is None or transport.rank == 0:
             reuse = bool(out) and self._out_given or self.overwrite
-            name = str(claim(out or default_out(config["strategy"]["name"]), reuse))
+            name = str(claim(out or default_out(config["strategy"]["name"]), reuse,
+                             self.resume))
         if transport is not None and transport.world_size > 1:
             name = agree(name, transport)
             Path(name).mkdir(parents=True, exist_ok=True)  # each node writes its own files
@@ -211,6 +215,16 @@ class Job:
         if self._compressor is not None and not isinstance(self._compressor, str):
             return self._compressor
         return build_compressor(config["compression"])
+
+
+def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Path | dict:
+    """`Job(resume=RUN_DIR)` reads RUN_DIR/config.toml unless given another config."""
+    if config is not None:
+        return config
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        raise UserError(f"cannot resume {run_dir}: no config.toml there (not a run directory)")
+    return path
 
 
 def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:

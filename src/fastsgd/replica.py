@@ -101,7 +101,8 @@ class Replica:
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.ctx.step = int(saved["step"])
-        self.state = saved["strategy"]
+        self.state.clear()  # in place: a strategy's handlers may hold the dict
+        self.state.update(saved["strategy"])
 
     def consensus_distance(self) -> float:
         """Mean over workers of the squared distance of their parameters to the average."""

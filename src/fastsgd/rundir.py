@@ -3,13 +3,15 @@
 A run writes into `run.out`, or `runs/STRATEGY-TIME` when that is empty. If the folder
 already holds a run, the new one goes to `NAME-2`, `NAME-3`..., unless the user named the
 folder themselves (`--set run.out=...`, or `run.out` in the API's options) or asked to
-overwrite: then the old run's files are removed first. Under torchrun rank 0 decides and
+overwrite: then the old run's files are removed first. `--resume` continues a run in its
+own folder, keeping its files. Under torchrun rank 0 decides and
 the other ranks follow, so every node writes to the same path.
 """
 
 from __future__ import annotations
 
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from fastsgd.errors import UserError
 
 RUN_FILES = ("config.toml", "environment.json", "metrics.jsonl", "eval.jsonl",
              "summary.json", "model.pt")
@@ -30,14 +34,20 @@ def default_out(strategy: str, when: float | None = None) -> str:
     return f"runs/{strategy}-{stamp}"
 
 
-def claim(out: str, reuse: bool) -> Path:
+def claim(out: str, reuse: bool, resume: bool = False) -> Path:
     """The run directory for `out`, created: `out` itself if it holds no run or `reuse` is
-    set (its old run's files are then removed), else the first free `out-K`."""
+    set (its old run's files and checkpoints are then removed), else the first free `out-K`.
+    `resume`: `out` as it is, which must exist."""
     path = Path(out)
+    if resume:
+        if not path.is_dir():
+            raise UserError(f"cannot resume {path}: no such run directory")
+        return path
     if reuse:
         path.mkdir(parents=True, exist_ok=True)
         for name in RUN_FILES:
             (path / name).unlink(missing_ok=True)
+        shutil.rmtree(path / "checkpoints", ignore_errors=True)
         return path
     for k in count(1):
         candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")

@@ -66,6 +66,28 @@ class SimFabric:
             self.scheduler.at(finish, lambda: self._complete(seq, op, finish))
         return op
 
+    def state(self) -> dict:
+        """What a resumed simulation needs of the cluster at a quiet point (a checkpoint's
+        barrier): when links and handlers are next free, the jitter and loss draws."""
+        links = self.links
+        return {"collectives_free": self.collectives_free, "server_free": list(self.server_free),
+                "up_free": dict(links.up_free), "down_free": dict(links.down_free),
+                "jitter": links._jitter.getstate(), "loss": links._loss.getstate(),
+                "lost": links.lost, "resent": links.resent}
+
+    def load_state(self, saved: dict) -> None:
+        links = self.links
+        self.collectives_free, self.server_free = saved["collectives_free"], saved["server_free"]
+        links.up_free, links.down_free = dict(saved["up_free"]), dict(saved["down_free"])
+        links._jitter.setstate(saved["jitter"])
+        links._loss.setstate(saved["loss"])
+        links.lost, links.resent = saved["lost"], saved["resent"]
+
+    def in_flight(self) -> int:
+        """Messages sent but not yet taken by their receiver."""
+        return (len(self.scheduler._events) + sum(map(len, self.inbox.values()))
+                + sum(map(len, self.mail.values())))
+
     def price(self, kind: str, size: int) -> int:
         """Nanoseconds a collective takes: its algorithm on the network (network.py), plus a
         retransmission timeout for each round of messages that loses one (TCP)."""
@@ -254,6 +276,13 @@ class SimTransport:
 
     def now(self) -> float:
         return self.scheduler.now(self.rank) / 1e9
+
+    def now_ns(self) -> int:
+        return self.scheduler.now(self.rank)
+
+    def set_clock(self, ns: int) -> None:
+        """Resume: this worker's clock where the checkpoint left it."""
+        self.scheduler.workers[self.rank].clock = ns
 
     def compute(self, phase: str, step: int) -> None:
         """Charge the compute model's time for `phase` of `step` (see compute.py)."""

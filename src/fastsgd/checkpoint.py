@@ -1,0 +1,212 @@
+"""Checkpoints: what a run needs to continue, written so that a crash never leaves half of one.
+
+Layout, in the run directory:
+
+    checkpoints/step-00000050/rank-00003.pt    one file per worker (its own replica)
+    checkpoints/step-00000050/manifest.json    written last: {"step", "workers", "sha256"}
+
+Every file is written to a temporary name, fsynced, renamed, and its directory fsynced: a
+reader sees the old file or the new one, never a torn one, and a full disk leaves the
+previous checkpoint as it was. A checkpoint counts only once its manifest is in, and a
+worker's file only if its SHA-256 is the manifest's: a corrupt or truncated file is found
+and the previous checkpoint used, with one line that says so. Files are read with
+`torch.load(weights_only=True)`, which never unpickles code.
+
+Each worker writes its own file, so nodes need no shared filesystem: every node's first
+worker writes the manifest beside its workers' files, and on resume all workers agree on the
+newest step every one of them holds intact (`agree_step`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastsgd.errors import UserError
+from fastsgd.transport.base import Transport
+
+FORMAT = 1
+FOLDER = "checkpoints"
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / FOLDER / f"step-{step:08d}"
+
+
+def rank_file(run_dir: Path, step: int, rank: int) -> Path:
+    return step_dir(run_dir, step) / f"rank-{rank:05d}.pt"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Temporary file, fsync, rename, fsync of the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_worker(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> bytes:
+    """Write worker `rank`'s state for `step`; returns the file's SHA-256 digest."""
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buffer)
+    data = buffer.getvalue()
+    try:
+        write_atomic(rank_file(run_dir, step, rank), data)
+    except OSError as e:
+        raise UserError(f"cannot write checkpoint {rank_file(run_dir, step, rank)}: "
+                        f"{e.strerror or e}") from e
+    return hashlib.sha256(data).digest()
+
+
+def gather_digests(digest: bytes, transport: Transport) -> list[str]:
+    """Every worker's digest, in rank order, on every worker."""
+    mine = torch.tensor(list(digest), dtype=torch.int64, device=transport.device)
+    return [bytes(t.tolist()).hex() for t in transport.all_gather(mine)]
+
+
+def commit(run_dir: Path, step: int, digests: list[str], keep: int) -> None:
+    """Write the manifest (the checkpoint is complete from then on), then drop all but the
+    newest `keep` complete checkpoints, and incomplete ones older than this."""
+    manifest = {"format": FORMAT, "step": step, "workers": len(digests), "sha256": digests}
+    write_atomic(step_dir(run_dir, step) / "manifest.json",
+                 (json.dumps(manifest, indent=1) + "\n").encode())
+    complete = [s for s in steps(run_dir) if s <= step]
+    for old in complete[:-keep] if keep else []:
+        shutil.rmtree(step_dir(run_dir, old), ignore_errors=True)
+    for folder in (Path(run_dir) / FOLDER).glob("step-*"):
+        s = _step_of(folder)
+        if s is not None and s < step and not (folder / "manifest.json").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _step_of(folder: Path) -> int | None:
+    try:
+        return int(folder.name.removeprefix("step-"))
+    except ValueError:
+        return None
+
+
+def steps(run_dir: Path) -> list[int]:
+    """Steps of the checkpoints that have a manifest, oldest first."""
+    root = Path(run_dir) / FOLDER
+    found = [_step_of(f) for f in root.glob("step-*") if (f / "manifest.json").exists()]
+    return sorted(s for s in found if s is not None)
+
+
+def intact(run_dir: Path, step: int, rank: int, workers: int) -> bytes | None:
+    """Worker `rank`'s file of `step`, if the manifest vouches for it; else None, with a
+    line on stderr saying what is wrong."""
+    folder = step_dir(run_dir, step)
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        if manifest["workers"] != workers:
+            _warn(f"checkpoint {folder} has {manifest['workers']} workers, this run {workers}")
+            return None
+        data = rank_file(run_dir, step, rank).read_bytes()
+    except (OSError, ValueError, KeyError) as e:
+        _warn(f"checkpoint {folder} is unreadable ({e}): using an earlier one")
+        return None
+    if hashlib.sha256(data).hexdigest() != manifest["sha256"][rank]:
+        _warn(f"checkpoint {rank_file(run_dir, step, rank)} does not match its checksum "
+              "(corrupt or truncated): using an earlier one")
+        return None
+    return data
+
+
+def _warn(message: str) -> None:
+    print(f"fastsgd: {message}", file=sys.stderr, flush=True)
+
+
+def agree_step(run_dir: Path, transport: Transport) -> tuple[int, bytes]:
+    """The newest step whose checkpoint every worker holds intact, and this worker's file of
+    it. Each proposes its newest intact step no later than the last proposal; the minimum
+    is the next bound, until all propose the same."""
+    rank, workers = transport.rank, transport.world_size
+    candidates = steps(run_dir)[::-1]
+    found: dict[int, bytes | None] = {}
+    bound = None
+    while True:
+        mine = -1
+        for s in candidates:
+            if bound is not None and s > bound:
+                continue
+            if s not in found:
+                found[s] = intact(run_dir, s, rank, workers)
+            if found[s] is not None:
+                mine = s
+                break
+        proposals = [int(t) for t in transport.all_gather(
+            torch.tensor([mine], dtype=torch.int64, device=transport.device))]
+        bound = min(proposals)
+        if bound < 0:
+            raise UserError(f"no complete checkpoint in {Path(run_dir) / FOLDER} for all "
+                            f"{workers} workers (was run.checkpoint_every 0?)")
+        if all(p == bound for p in proposals):
+            data = found[bound]
+            assert data is not None
+            return bound, data
+
+
+def load(data: bytes) -> dict[str, Any]:
+    """A worker's checkpoint from its bytes (tensors, numbers, strings: no code)."""
+    saved = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    if saved.get("format") != FORMAT:
+        raise UserError(f"checkpoint format {saved.get('format')} is not {FORMAT}: written by "
+                        "another version of fastsgd")
+    return saved
+
+
+def cut_back(run_dir: Path, step: int) -> None:
+    """Drop what a run that died after the checkpoint of `step` logged past it."""
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        path = run_dir / name
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines(keepends=True)
+                    if line.strip() and json.loads(line)["step"] <= step]
+            write_atomic(path, "".join(kept).encode())
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random stream a step may draw from: torch's (CPU and CUDA), Python's, NumPy's."""
+    import random
+
+    import numpy as np
+
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+            "python": random.getstate(),
+            "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss]}
+
+
+def set_rng_state(saved: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(saved["torch"])
+    if saved["cuda"]:
+        torch.cuda.set_rng_state_all(saved["cuda"])
+    random.setstate(saved["python"])
+    name, keys, pos, has_gauss, gauss = saved["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
