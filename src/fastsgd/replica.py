@@ -97,12 +97,18 @@ class Replica:
         """What this replica must keep to resume: the step and the strategy's state, which
         holds the codec's (residuals, momentum, counters), all plain tensors and numbers.
         Model and optimizer state are the user's, saved beside it."""
-        return {"step": self.ctx.step, "strategy": self.state}
+        saved = {"step": self.ctx.step, "strategy": self.state}
+        in_flight = getattr(self.strategy, "in_flight_state", None)
+        if in_flight is not None:  # work it holds back between steps (ssp)
+            saved["in_flight"] = in_flight()
+        return saved
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.ctx.step = int(saved["step"])
         self.state.clear()  # in place: a strategy's handlers may hold the dict
         self.state.update(saved["strategy"])
+        if "in_flight" in saved:
+            self.strategy.load_in_flight(saved["in_flight"])
 
     def consensus_distance(self) -> float:
         """Mean over workers of the squared distance of their parameters to the average."""

@@ -80,6 +80,15 @@ class StaleSynchronous(Configurable, section="strategy"):
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         return None
 
+    def in_flight_state(self) -> list[list[Any]]:
+        """For a checkpoint: the all-reduces still held back, waited for."""
+        for *_, handle in self._in_flight:
+            handle.wait()
+        return [[step, total, own] for step, total, own, _ in self._in_flight]
+
+    def load_in_flight(self, saved: list[list[Any]]) -> None:
+        self._in_flight = deque((step, total, own, Done()) for step, total, own in saved)
+
     def close(self) -> None:
         self._in_flight.clear()
 
