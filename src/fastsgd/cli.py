@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastsgd.errors import UserError
+from fastsgd.errors import UserError, WorkerFailed
 
 USAGE_EXAMPLES = """examples:
   fastsgd demo
@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"fastsgd: error: {e}", file=sys.stderr)
         return 2
+    except WorkerFailed as e:  # a worker's traceback, if it had one, is in the message
+        print(f"fastsgd: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("fastsgd: interrupted", file=sys.stderr)
         return 130

@@ -10,3 +10,8 @@ class UserError(Exception):
 
 class ConfigError(UserError):
     """An invalid configuration: unknown key, wrong type or range, malformed file."""
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process died or failed with an error that is not the user's to fix; the
+    message holds its traceback, if it had one."""

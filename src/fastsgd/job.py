@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from fastsgd import checkpoint
 from fastsgd import config as cfg
 from fastsgd.components import (
     OptimizerFn,
@@ -21,7 +22,7 @@ from fastsgd.components import (
 )
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.data import Dataset, load_dataset
-from fastsgd.errors import ConfigError, UserError
+from fastsgd.errors import ConfigError, UserError, WorkerFailed
 from fastsgd.launch import launch
 from fastsgd.metrics import read_jsonl
 from fastsgd.models import build_model
@@ -116,7 +117,13 @@ class Job:
             return self._run_here()
         config = self._with_workers(workers)
         plan = self.plan(config)
-        launch(lambda: _train_process(plan), config["run"]["workers"])
+        try:
+            launch(lambda: _train_process(plan), config["run"]["workers"])
+        except WorkerFailed as e:
+            if not checkpoint.steps(plan.run_dir):
+                raise
+            raise WorkerFailed(f"{e}\nthe run can go on from its last checkpoint: "
+                               f"fastsgd run --resume {plan.run_dir}") from None
         return _result(plan.run_dir)
 
     def simulate(self, workers: int | None = None, network: Network | None = None,

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import socket
 import traceback
 from collections.abc import Callable
 
 import torch
 
-from fastsgd.errors import UserError
-
-
-class WorkerFailed(RuntimeError):
-    """A worker process failed with an error that is not the user's to fix."""
+from fastsgd.errors import UserError, WorkerFailed
 
 
 def free_port() -> int:
@@ -67,6 +64,9 @@ def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Excepti
         reports.append(errors.get())
     reports.sort(key=lambda r: (not r[2], r[0]))  # user errors first, then by rank
     if not reports:
+        if exitcode is not None and exitcode < 0:
+            name = signal.Signals(-exitcode).name
+            return WorkerFailed(f"worker {rank} was killed by signal {-exitcode} ({name})")
         return WorkerFailed(f"worker {rank} died (exit code {exitcode}) without a message")
     first_rank, message, is_user_error, trace = reports[0]
     if is_user_error:

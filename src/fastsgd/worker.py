@@ -123,6 +123,7 @@ class _Loop:
         self.sent = self.received = 0
         self.eval_time = 0.0  # evaluation time on the run's clock (real processes)
         self.paused = 0.0  # checkpoint time on the run's clock
+        self.wall_before = 0.0  # wall seconds of training before a resume
         self.log = plan.observer.log if plan.observer else EvalLog(
             plan.run_dir / "eval.jsonl", run["target_accuracy"])
         self.evaluated = 0  # the last step evaluated
@@ -138,7 +139,7 @@ class _Loop:
             checkpoint.cut_back(self.plan.run_dir, saved[0])
         self.t.barrier()  # everyone starts the clock together (setup is not training time)
         self.t.off_clock()
-        self.start, wall = self.t.now(), time.perf_counter()
+        self.start, self.wall_start = self.t.now(), time.perf_counter()
         first = self.restore(*saved) if saved else 0
         every = self.plan.config["run"]["checkpoint_every"]
         for k in range(first, self.steps):
@@ -150,7 +151,7 @@ class _Loop:
                 self.save(k + 1)
         self.metrics.flush()
         self.progress.close()
-        return self.finish(time.perf_counter() - wall)
+        return self.finish(self.wall())
 
     def record_environment(self) -> None:
         """config.toml (what ran) and environment.json (where, with what) in the run dir."""
@@ -165,6 +166,10 @@ class _Loop:
         """Seconds of training so far (wall, or virtual in the simulator), evaluation
         excluded."""
         return self.t.now() - self.start - self.eval_time - self.paused
+
+    def wall(self) -> float:
+        """Wall seconds of training so far, over every resume."""
+        return self.wall_before + time.perf_counter() - self.wall_start
 
     def step(self, k: int) -> float:
         now, t = self.clock, self.t
@@ -247,7 +252,7 @@ class _Loop:
         log = self.log
         return {"sent": self.sent, "received": self.received, "eval_time": self.eval_time,
                 "paused": self.paused, "evaluated": self.evaluated, "clock": self.clock(),
-                "start": self.start, "began": began,
+                "start": self.start, "began": began, "wall": self.wall(),
                 "log": [log.last, log.time_to_target, log.count, log.wall]}
 
     def sim_state(self, step: int) -> dict[str, Any]:
@@ -269,7 +274,7 @@ class _Loop:
         loop = saved["loop"]
         self.sent, self.received = loop["sent"], loop["received"]
         self.eval_time, self.paused = loop["eval_time"], loop["paused"]
-        self.evaluated = loop["evaluated"]
+        self.evaluated, self.wall_before = loop["evaluated"], loop["wall"]
         if self.rank == 0:
             log = self.log
             log.last, log.time_to_target, log.count, log.wall = loop["log"]
