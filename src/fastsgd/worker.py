@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fastsgd import checkpoint
+from fastsgd import checkpoint, resume
 from fastsgd.compress import Compressor
 from fastsgd.config import to_toml
 from fastsgd.data import Dataset, Shard, test_batches
@@ -140,7 +139,7 @@ class _Loop:
         self.t.barrier()  # everyone starts the clock together (setup is not training time)
         self.t.off_clock()
         self.start, self.wall_start = self.t.now(), time.perf_counter()
-        first = self.restore(*saved) if saved else 0
+        first = resume.restore(self, *saved) if saved else 0
         every = self.plan.config["run"]["checkpoint_every"]
         for k in range(first, self.steps):
             loss = self.step(k)
@@ -148,7 +147,7 @@ class _Loop:
                 self.evaluate(k + 1)
             self.progress.update(k + 1, loss, self.log.last and self.log.last[1])
             if every and ((k + 1) % every == 0 or k + 1 == self.steps):
-                self.save(k + 1)
+                resume.save(self, k + 1)
         self.metrics.flush()
         self.progress.close()
         return self.finish(self.wall())
@@ -217,76 +216,10 @@ class _Loop:
                 "staleness": self.replica.ctx.stats.get("staleness", 0)})
         return value
 
-    def save(self, step: int) -> None:
-        """A checkpoint after `step` steps (checkpoint.py), off the training clock. The
-        barrier first: in the simulator every worker then sees the same random state."""
-        self.metrics.flush()
-        began = self.t.now()
-        self.t.barrier()
-        state = {"step": step, "model": self.model.state_dict(),
-                 "optimizer": self.optimizer.state_dict(),
-                 "replica": self.replica.state_dict(), "loop": self.loop_state(began),
-                 "rng": checkpoint.rng_state()}
-        if self.plan.simulated:
-            state["sim"] = self.sim_state(step)
-        digest = checkpoint.save_worker(self.plan.run_dir, step, self.rank, state)
-        self.complete(step, digest, began)
-        if os.environ.get("FASTSGD_TEST_KILL_AFTER_CHECKPOINT") == str(step):  # fault tests
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def complete(self, step: int, digest: bytes, began: float, commit: bool = True) -> None:
-        """The checkpoint's second half: digests to the manifest, the time it took off the
-        clock. A resumed simulation replays it (without `commit`) to end at the same time."""
-        digests = checkpoint.gather_digests(digest, self.t)
-        if commit and self.leads_node:
-            checkpoint.commit(self.plan.run_dir, step, digests,
-                              self.plan.config["run"]["keep_checkpoints"])
-        self.paused += self.t.now() - began
-
     @property
     def leads_node(self) -> bool:
         """Writes the run directory's shared files on its node (each node has its own)."""
         return self.rank == 0 or not self.plan.simulated and os.environ.get("LOCAL_RANK") == "0"
-
-    def loop_state(self, began: float) -> dict[str, Any]:
-        log = self.log
-        return {"sent": self.sent, "received": self.received, "eval_time": self.eval_time,
-                "paused": self.paused, "evaluated": self.evaluated, "clock": self.clock(),
-                "start": self.start, "began": began, "wall": self.wall(),
-                "log": [log.last, log.time_to_target, log.count, log.wall]}
-
-    def sim_state(self, step: int) -> dict[str, Any]:
-        fabric = self.t.fabric
-        if fabric.in_flight():
-            raise UserError(f"strategy '{self.plan.config['strategy']['name']}' has messages "
-                            f"in flight at step {step}: the simulator cannot checkpoint it yet "
-                            "(set run.checkpoint_every = 0)")
-        return {"clock": self.t.now_ns(), "fabric": fabric.state() if self.rank == 0 else None}
-
-    def restore(self, step: int, data: bytes) -> int:
-        """Continue from the checkpoint of `step`: state, random streams, clocks, and the
-        run directory's logs cut back to that step. Returns the next step."""
-        saved = checkpoint.load(data)
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.replica.load_state_dict(saved["replica"])
-        checkpoint.set_rng_state(saved["rng"])
-        loop = saved["loop"]
-        self.sent, self.received = loop["sent"], loop["received"]
-        self.eval_time, self.paused = loop["eval_time"], loop["paused"]
-        self.evaluated, self.wall_before = loop["evaluated"], loop["wall"]
-        if self.rank == 0:
-            log = self.log
-            log.last, log.time_to_target, log.count, log.wall = loop["log"]
-        if "sim" not in saved:
-            self.start = self.t.now() - loop["clock"] - self.eval_time - self.paused
-            return step
-        self.t.set_clock(saved["sim"]["clock"])
-        if saved["sim"]["fabric"] is not None:
-            self.t.fabric.load_state(saved["sim"]["fabric"])
-        self.start = loop["start"]
-        self.complete(step, bytes(32), loop["began"], commit=False)
-        return step
 
     def straggle(self, k: int, seconds: float) -> None:
         """On real processes, a slow worker (compute.slowdown, stragglers) sleeps the extra

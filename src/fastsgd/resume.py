@@ -1,0 +1,93 @@
+"""A training loop's checkpoints: what `worker._Loop` saves every `run.checkpoint_every`
+steps and takes back on `--resume` (the files themselves: checkpoint.py).
+
+A checkpoint is a collective: a barrier (in the simulator every worker then sees the same
+random state, and nothing is in flight for the strategies that allow checkpoints there),
+every worker's file, then the digests gathered for the manifest. Its time is kept off the
+training clock. A resumed simulation restores each worker's virtual clock and the links'
+state, and replays the gather, so that its times go on exactly as the run's that never
+stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import TYPE_CHECKING, Any
+
+from fastsgd.checkpoint import commit, gather_digests, load, rng_state, save_worker, set_rng_state
+from fastsgd.errors import UserError
+
+if TYPE_CHECKING:
+    from fastsgd.worker import _Loop as Loop
+
+
+def save(loop: Loop, step: int) -> None:
+    """A checkpoint after `step` steps, off the training clock."""
+    loop.metrics.flush()
+    began = loop.t.now()
+    loop.t.barrier()
+    state = {"step": step, "model": loop.model.state_dict(),
+             "optimizer": loop.optimizer.state_dict(),
+             "replica": loop.replica.state_dict(), "loop": loop_state(loop, began),
+             "rng": rng_state()}
+    if loop.plan.simulated:
+        state["sim"] = sim_state(loop, step)
+    digest = save_worker(loop.plan.run_dir, step, loop.rank, state)
+    complete(loop, step, digest, began)
+    if os.environ.get("FASTSGD_TEST_KILL_AFTER_CHECKPOINT") == str(step):  # fault tests
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def complete(loop: Loop, step: int, digest: bytes, began: float,
+             write_manifest: bool = True) -> None:
+    """The checkpoint's second half: digests to the manifest, the time it took off the
+    clock. A resumed simulation replays it (without the manifest) to end at the same time."""
+    digests = gather_digests(digest, loop.t)
+    if write_manifest and loop.leads_node:
+        commit(loop.plan.run_dir, step, digests, loop.plan.config["run"]["keep_checkpoints"])
+    loop.paused += loop.t.now() - began
+
+
+def loop_state(loop: Loop, began: float) -> dict[str, Any]:
+    log = loop.log
+    return {"sent": loop.sent, "received": loop.received, "eval_time": loop.eval_time,
+            "paused": loop.paused, "evaluated": loop.evaluated, "clock": loop.clock(),
+            "start": loop.start, "began": began, "wall": loop.wall(),
+            "log": [log.last, log.time_to_target, log.count, log.wall]}
+
+
+def sim_state(loop: Loop, step: int) -> dict[str, Any]:
+    fabric = loop.t.fabric
+    if fabric.in_flight():
+        raise UserError(f"strategy '{loop.plan.config['strategy']['name']}' has messages "
+                        f"in flight at step {step}: the simulator cannot checkpoint it yet "
+                        "(set run.checkpoint_every = 0)")
+    return {"clock": loop.t.now_ns(), "fabric": fabric.state() if loop.rank == 0 else None}
+
+
+def restore(loop: Loop, step: int, data: bytes) -> int:
+    """Continue from the checkpoint of `step` (this worker's file, `data`): model,
+    optimizer and strategy state, random streams, counters and clocks. Returns the next
+    step."""
+    saved = load(data)
+    loop.model.load_state_dict(saved["model"])
+    loop.optimizer.load_state_dict(saved["optimizer"])
+    loop.replica.load_state_dict(saved["replica"])
+    set_rng_state(saved["rng"])
+    was = saved["loop"]
+    loop.sent, loop.received = was["sent"], was["received"]
+    loop.eval_time, loop.paused = was["eval_time"], was["paused"]
+    loop.evaluated, loop.wall_before = was["evaluated"], was["wall"]
+    if loop.rank == 0:
+        log = loop.log
+        log.last, log.time_to_target, log.count, log.wall = was["log"]
+    if "sim" not in saved:
+        loop.start = loop.t.now() - was["clock"] - loop.eval_time - loop.paused
+        return step
+    loop.t.set_clock(saved["sim"]["clock"])
+    if saved["sim"]["fabric"] is not None:
+        loop.t.fabric.load_state(saved["sim"]["fabric"])
+    loop.start = was["start"]
+    complete(loop, step, bytes(32), was["began"], write_manifest=False)
+    return step
