@@ -13,6 +13,7 @@ import torch
 import fastsgd as fs
 from fastsgd import checkpoint
 from fastsgd.errors import UserError
+from fastsgd.strategies import build_strategy
 from fastsgd.transport.sim import simulate
 
 STRAIGHT = {"run.steps": 40, "run.checkpoint_every": 10, "run.eval_every": 10,
@@ -118,10 +119,21 @@ def test_simulated_resume_is_bitwise(tmp_path, monkeypatch, strategy, codec):
     assert checkpoint.steps(tmp_path / "resumed") == [30, 40]  # keep_checkpoints = 2
 
 
-def test_simulated_messages_in_flight_are_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize("strategy,options", [("ps", {}), ("adpsgd", {}), ("sgp", {}),
+                                              ("diloco", {"strategy.overlap": 2})])
+def test_strategies_that_cannot_resume_yet_refuse_at_the_start(tmp_path, strategy, options):
+    with pytest.raises(UserError, match=f"strategy.name = '{strategy}' cannot be checkpointed "
+                                        "yet.*run.checkpoint_every = 0"):
+        _job(tmp_path / strategy, strategy, "none", **options).simulate()
+    assert not (tmp_path / strategy).exists()
+
+
+def test_the_simulator_refuses_messages_in_flight_in_one_line(tmp_path):
+    ps = build_strategy({"name": "ps"})
+    ps.CHECKPOINTS = True  # as a user's strategy might claim
     with pytest.raises(UserError, match="'ps' has messages in flight at step 10: the "
                                         "simulator cannot checkpoint it yet"):
-        _job(tmp_path / "ps", "ps", "none").simulate()
+        _job(tmp_path / "ps", ps, "none").simulate()
 
 
 def test_resume_needs_a_run_directory(tmp_path):

@@ -174,6 +174,10 @@ class Job:
         check_optimizer = getattr(strategy, "check_optimizer", None)
         if check_optimizer is not None:  # on a probe: before any worker starts
             check_optimizer(self._optimizer([torch.nn.Parameter(torch.zeros(1))]), codec)
+        if config["run"]["checkpoint_every"] and not getattr(strategy, "CHECKPOINTS", True):
+            raise ConfigError(f"strategy.name = '{strategy.name}' cannot be checkpointed yet: "
+                              "what it keeps between steps is not all in its state; set "
+                              "run.checkpoint_every = 0")
         make_model = self._model_factory(config, dataset)
         run_dir = self._run_dir(config, transport)
         config = cfg.merged(config, run={"out": str(run_dir)})

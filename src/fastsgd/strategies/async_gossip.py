@@ -62,6 +62,8 @@ REQUEST, ANSWER = 0, 1  # adpsgd: the first byte of a PAIR message
 
 class SGP(_OnGraph):
     name = "sgp"
+    # what it keeps between steps (peers' requests, messages in flight) is not in its state yet
+    CHECKPOINTS = False
     DRAINS_AT_END = True  # takes in every push still on the wire (ctx.total_steps)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
@@ -160,6 +162,8 @@ class SGP(_OnGraph):
 
 class ADPSGD(_OnGraph):
     name = "adpsgd"
+    # what it keeps between steps (peers' requests, messages in flight) is not in its state yet
+    CHECKPOINTS = False
     DRAINS_AT_END = True  # answers and collects every exchange still out (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {**TOPOLOGY_OPTIONS,

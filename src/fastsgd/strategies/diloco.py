@@ -100,6 +100,11 @@ class DiLoCo(Configurable, section="strategy"):
                             "correction adds a second momentum to the outer one; choose "
                             "topk, qsgd, fp16, ...")
 
+    @property
+    def CHECKPOINTS(self) -> bool:  # noqa: N802 - the strategies' flag
+        """A sync in flight (overlap) holds a handle, which no checkpoint can keep."""
+        return self.overlap == 0
+
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         if self.fragments > len(params):
             raise ConfigError(f"strategy.fragments must be <= the model's {len(params)} "

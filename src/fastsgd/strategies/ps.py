@@ -45,6 +45,8 @@ PUSH, FETCH, PARAMS = 31, 32, 33
 
 class ParameterServer(Configurable, section="strategy"):
     name = "ps"
+    # a worker's last push and the fetches it awaits are not in its state yet
+    CHECKPOINTS = False
     DRAINS_AT_END = True  # a final push and fetch, waited for (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {
