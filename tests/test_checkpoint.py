@@ -176,3 +176,14 @@ def test_real_processes_resume_bitwise_after_kill_9(tmp_path, strategy, codec):
     b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _losses(tmp_path / "a") == _losses(tmp_path / "b")
+
+
+def test_a_complete_run_resumes_only_to_train_longer(tmp_path):
+    _job(tmp_path / "run", "allreduce", "none", **{"run.steps": 20}).simulate()
+    with pytest.raises(UserError, match="is complete: its checkpoint is at step 20 and the "
+                                        "run has 20 steps"):
+        fs.Job(resume=tmp_path / "run", quiet=True).simulate()
+    longer = fs.Job(resume=tmp_path / "run", quiet=True, options={"run.steps": 30}).simulate()
+    assert longer.summary["steps"] == 30
+    assert checkpoint.steps(tmp_path / "run") == [20, 30]
+    assert [e["step"] for e in longer.evals()] == [10, 20, 30]

@@ -54,6 +54,7 @@ def loop_state(loop: Loop, began: float) -> dict[str, Any]:
     return {"sent": loop.sent, "received": loop.received, "eval_time": loop.eval_time,
             "paused": loop.paused, "evaluated": loop.evaluated, "clock": loop.clock(),
             "start": loop.start, "began": began, "wall": loop.wall(),
+            "penultimate": getattr(loop, "penultimate", None),
             "log": [log.last, log.time_to_target, log.count, log.wall]}
 
 
@@ -70,6 +71,10 @@ def restore(loop: Loop, step: int, data: bytes) -> int:
     """Continue from the checkpoint of `step` (this worker's file, `data`): model,
     optimizer and strategy state, random streams, counters and clocks. Returns the next
     step."""
+    if step >= loop.steps:
+        raise UserError(f"{loop.plan.run_dir} is complete: its checkpoint is at step {step} "
+                        f"and the run has {loop.steps} steps; to train longer, --set "
+                        "run.steps to more")
     saved = load(data)
     loop.model.load_state_dict(saved["model"])
     loop.optimizer.load_state_dict(saved["optimizer"])
@@ -79,6 +84,8 @@ def restore(loop: Loop, step: int, data: bytes) -> int:
     loop.sent, loop.received = was["sent"], was["received"]
     loop.eval_time, loop.paused = was["eval_time"], was["paused"]
     loop.evaluated, loop.wall_before = was["evaluated"], was["wall"]
+    if was["penultimate"] is not None:
+        loop.penultimate = was["penultimate"]
     if loop.rank == 0:
         log = loop.log
         log.last, log.time_to_target, log.count, log.wall = was["log"]
