@@ -82,10 +82,13 @@ class SGP(_OnGraph):
         self._codec = ctx.compressor
         self._step = 1.0 if self._codec.kind == "exact" else self.gamma
         self._fields = [*self._codec.FIELDS, "weight", "number"]
-        start = flatten(params).double()  # every replica starts here, and so does each copy
-        return {"weight": torch.ones(1, dtype=torch.float64, device=start.device),
-                "start": start, "sent": {}, "received": {},  # the edges' copies
-                "pushed": {}, "taken": {}, "held": {}}  # per edge: pushes numbered, early ones
+        start = flatten(params)
+        state = {"weight": torch.ones(1, dtype=torch.float64, device=start.device),
+                 "sent": {}, "received": {},  # the edges' copies (lossy codecs)
+                 "pushed": {}, "taken": {}, "held": {}}  # per edge: pushes numbered, early ones
+        if self._codec.kind != "exact":  # every replica starts here, and so does each copy
+            state["start"] = start.double()
+        return state
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         assert self.topology is not None
@@ -190,8 +193,10 @@ class ADPSGD(_OnGraph):
         self._asked = [0] * ctx.transport.world_size  # requests sent to each rank
         self._awaiting = 0  # answers still due to this worker
         self._answered = 0  # requests this worker has answered
+        if self._codec.kind == "exact":  # no copies to keep
+            return {"copies": {}}
         # every replica starts here: the pairs' copies of the requesters begin as this
-        return {"start": flatten(params).clone(), "copies": {}}
+        return {"start": flatten(params), "copies": {}}
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         t = ctx.transport
