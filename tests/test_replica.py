@@ -84,3 +84,16 @@ def test_consensus_distance_is_the_mean_squared_distance_to_the_average():
     mean = sum(shifts) / len(shifts)
     expected = numel * sum((s - mean) ** 2 for s in shifts) / len(shifts)
     assert simulate(len(shifts), worker) == pytest.approx([expected] * 3, rel=1e-6)  # float32
+
+
+def test_a_replica_of_another_architecture_is_named():
+    from fastsgd.errors import UserError
+    from fastsgd.transport.sim import simulate
+
+    def worker(t):
+        width = 8 if t.rank != 2 else 9
+        model = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 2))
+        fs.Replica(model, t, "allreduce")
+
+    with pytest.raises(UserError, match="worker 2's model is not worker 0's"):
+        simulate(3, worker)

@@ -67,6 +67,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "checkpoint_every": Option(int, 0, at_least(0), "write a checkpoint every N steps and "
                                    "at the end; 0 = never (see --resume)"),
         "keep_checkpoints": Option(int, 2, at_least(1), "complete checkpoints kept"),
+        "max_bad_steps": Option(int, 10, at_least(0), "steps in a row a worker may skip for a "
+                                "NaN or inf loss or gradient before the run stops"),
     },
     "data": {
         "name": Option(str, "fashion_mnist", doc="fashion_mnist | idx | digits | synthetic"),

@@ -18,12 +18,14 @@ calls in the run (examples/own_loop.py).
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from typing import Any
 
 import torch
 
 from fastsgd.compress import Compressor, Identity, build_compressor
+from fastsgd.errors import UserError
 from fastsgd.strategies import Context, Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
 from fastsgd.transport.base import Transport
@@ -51,6 +53,7 @@ class Replica:
                            optimizer=optimizer)
         self._warned = False
         check_codec(strategy, self.ctx.compressor, transport.world_size)
+        check_same_model(model, transport)
         self.broadcast_from(0)
         self.state: dict[str, Any] = strategy.init(self.params, self.ctx)
 
@@ -129,3 +132,19 @@ class Replica:
 
     def close(self) -> None:
         self.strategy.close()
+
+
+def check_same_model(model: torch.nn.Module, transport: Transport) -> None:
+    """Every replica must have the same architecture (a hash of its parameters' and
+    buffers' names, shapes and dtypes, compared on every worker); else one line that names
+    the first worker that differs from worker 0, before anything is exchanged."""
+    spec = ";".join(f"{name}:{tuple(t.shape)}:{t.dtype}"
+                    for name, t in [*model.named_parameters(), *model.named_buffers()])
+    digest = int.from_bytes(hashlib.sha256(spec.encode()).digest()[:7], "big")
+    mine = torch.tensor([digest], dtype=torch.int64, device=transport.device)
+    hashes = [int(h) for h in transport.all_gather(mine)]
+    differ = [rank for rank, h in enumerate(hashes) if h != hashes[0]]
+    if differ:
+        raise UserError(f"worker {differ[0]}'s model is not worker 0's (parameter names, "
+                        "shapes or dtypes differ): every replica must have the same "
+                        "architecture")

@@ -55,6 +55,7 @@ def loop_state(loop: Loop, began: float) -> dict[str, Any]:
             "paused": loop.paused, "evaluated": loop.evaluated, "clock": loop.clock(),
             "start": loop.start, "began": began, "wall": loop.wall(),
             "penultimate": getattr(loop, "penultimate", None),
+            "skipped": [loop.skipped, loop.bad_in_a_row],
             "log": [log.last, log.time_to_target, log.count, log.wall]}
 
 
@@ -84,6 +85,7 @@ def restore(loop: Loop, step: int, data: bytes) -> int:
     loop.sent, loop.received = was["sent"], was["received"]
     loop.eval_time, loop.paused = was["eval_time"], was["paused"]
     loop.evaluated, loop.wall_before = was["evaluated"], was["wall"]
+    loop.skipped, loop.bad_in_a_row = was["skipped"]
     if was["penultimate"] is not None:
         loop.penultimate = was["penultimate"]
     if loop.rank == 0:

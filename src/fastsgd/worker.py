@@ -122,6 +122,7 @@ class _Loop:
         self.sent = self.received = 0
         self.eval_time = 0.0  # evaluation time on the run's clock (real processes)
         self.paused = 0.0  # checkpoint time on the run's clock
+        self.skipped = self.bad_in_a_row = 0  # steps whose loss or gradient was not finite
         self.wall_before = 0.0  # wall seconds of training before a resume
         self.log = plan.observer.log if plan.observer else EvalLog(
             plan.run_dir / "eval.jsonl", run["target_accuracy"])
@@ -182,8 +183,11 @@ class _Loop:
         loss = self.plan.step(self.model, (x, y))
         t.compute("forward", k)
         t3 = now()
-        loss.backward()
+        value = float(loss.detach())
+        if math.isfinite(value):
+            loss.backward()
         t.compute("backward", k)
+        self.check_finite(k, value)
         self.straggle(k, now() - t2)
         t4 = now()
         if self.codec:
@@ -198,10 +202,6 @@ class _Loop:
         t6 = now()
         self.replica.sync_parameters()
         t7 = now()
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise UserError(f"loss is {value} at step {k} on worker {self.rank}: "
-                            "training diverged (lower optimizer.lr?)")
         if k == self.steps - 2:
             self.penultimate = t7
         self.sent += t.bytes_sent - sent
@@ -215,6 +215,27 @@ class _Loop:
                 "bytes_sent": t.bytes_sent - sent, "bytes_received": t.bytes_received - received,
                 "staleness": self.replica.ctx.stats.get("staleness", 0)})
         return value
+
+    def check_finite(self, k: int, loss: float) -> None:
+        """A NaN or inf loss or gradient: this worker's batch is skipped (its gradients are
+        zero; it still takes its peers' part, so replicas stay in step) and counted.
+        `run.max_bad_steps` in a row stop the run; the checkpoints already written stay."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        finite = math.isfinite(loss) and (not grads or bool(torch.isfinite(
+            torch.stack([g.detach().abs().amax() for g in grads])).all()))
+        if finite:
+            self.bad_in_a_row = 0
+            return
+        self.skipped += 1
+        self.bad_in_a_row += 1
+        for p in self.model.parameters():
+            p.grad = None  # the strategies take a missing gradient as zero
+        limit = self.plan.config["run"]["max_bad_steps"]
+        if self.bad_in_a_row > limit:
+            what = f"loss {loss}" if not math.isfinite(loss) else "a gradient not finite"
+            raise UserError(f"worker {self.rank}: {what} at step {k + 1}, {self.bad_in_a_row} "
+                            f"steps in a row (run.max_bad_steps = {limit}): training diverged "
+                            "or the data is bad (lower optimizer.lr?)")
 
     @property
     def leads_node(self) -> bool:
@@ -267,7 +288,7 @@ class _Loop:
         # waiting for the slowest): fast workers get more done
         steps, seconds = (self.steps - 1, self.penultimate) if self.steps > 1 else (1, end)
         rate = steps * self.plan.config["data"]["batch_size"] / seconds if seconds > 0 else 0.0
-        totals = torch.tensor([self.sent, self.received, rate], dtype=torch.float64,
+        totals = torch.tensor([self.sent, self.received, rate, self.skipped], dtype=torch.float64,
                               device=self.t.device)
         self.t.all_reduce(totals)
         if self.rank != 0:
@@ -297,6 +318,7 @@ class _Loop:
             "eval_time": self.log.wall, "evaluations": self.log.count,
             "samples_per_second": totals[2],
             "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
+            "skipped_steps": int(totals[3]),  # worker-steps with a NaN or inf loss or gradient
             "consensus_distance": last[3], "representative": cfg["run"]["representative"],
             "mode": "simulated" if self.plan.simulated else "real",
             "run_dir": str(self.plan.run_dir),

@@ -1,0 +1,40 @@
+"""The per-worker loop (worker.py): bad batches are skipped and counted, not fatal at once."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import fastsgd as fs
+from fastsgd.data import load_dataset
+from fastsgd.errors import UserError
+
+OPTIONS = {"run.workers": 2, "run.steps": 40, "run.eval_every": 0, "data.batch_size": 16,
+           "compute.model": "fixed", "compute.step_time": "1ms"}
+
+
+def _with_nan_samples(every: int):
+    """digits, with every `every`-th training sample all NaN (a corrupt input)."""
+    data = load_dataset("digits")
+    x = data.train_x.clone()
+    x[::every] = float("nan")
+    return replace(data, train_x=x, source=None)
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "dpsgd", "localsgd"])
+def test_nan_batches_are_skipped_and_counted(tmp_path, strategy):
+    result = fs.Job(model="mlp", data=_with_nan_samples(97), strategy=strategy, quiet=True,
+                    options={**OPTIONS, "run.out": str(tmp_path)}).simulate()
+    bad = [m for m in result.metrics() if m["loss"] != m["loss"]]  # NaN
+    assert bad and result.summary["skipped_steps"] == len(bad)
+    params = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all(torch.isfinite(p).all() for p in params.values())
+    assert result.accuracy > 0.8
+
+
+def test_too_many_bad_steps_in_a_row_stop_naming_worker_and_step(tmp_path):
+    job = fs.Job(model="mlp", data=_with_nan_samples(1), strategy="allreduce", quiet=True,
+                 options={**OPTIONS, "run.out": str(tmp_path), "run.max_bad_steps": 3})
+    with pytest.raises(UserError, match=r"worker 0: loss nan at step 4, 4 steps in a row "
+                                        r"\(run.max_bad_steps = 3\)"):
+        job.simulate()
