@@ -36,7 +36,7 @@ class _Busy:
 
     def _burn(self):
         # its own generator: a draw from the global one, landing between a worker's seed
-        # and its model's initialization, changed the run (1 full suite in about 10)
+        # and its model's initialization, changed the run (seen once, adpsgd, in a full suite)
         a = torch.randn(400, 400, generator=torch.Generator().manual_seed(0))
         while not self.stop.is_set():
             a = torch.tanh(a @ a)
