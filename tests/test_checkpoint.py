@@ -13,7 +13,6 @@ import torch
 import fastsgd as fs
 from fastsgd import checkpoint
 from fastsgd.errors import UserError
-from fastsgd.strategies import build_strategy
 from fastsgd.transport.sim import simulate
 
 STRAIGHT = {"run.steps": 40, "run.checkpoint_every": 10, "run.eval_every": 10,
@@ -94,9 +93,10 @@ def _same_files(a: Path, b: Path) -> None:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
-# Every strategy whose messages all land within a step. adpsgd, ps and sgp keep messages in
-# flight across steps, which the simulator cannot checkpoint yet (test below).
+# Every strategy, some with codec state. ps, adpsgd and sgp settle first: every message in
+# flight is answered and taken in (Replica.settle).
 SIMULATED = [("allreduce", "none"), ("allreduce", "powersgd"), ("allreduce", "onebit"),
+             ("ps", "none"), ("ps", "qsgd"), ("adpsgd", "none"), ("sgp", "none"), ("sgp", "topk"),
              ("ssp", "none"), ("ssp", "topk"), ("dpsgd", "none"), ("dpsgd", "topk"),
              ("localsgd", "topk"), ("easgd", "none"), ("bmuf", "none"), ("diloco", "none"),
              ("hogwild", "none"), ("ltfb", "none")]
@@ -119,21 +119,37 @@ def test_simulated_resume_is_bitwise(tmp_path, monkeypatch, strategy, codec):
     assert checkpoint.steps(tmp_path / "resumed") == [30, 40]  # keep_checkpoints = 2
 
 
-@pytest.mark.parametrize("strategy,options", [("ps", {}), ("adpsgd", {}), ("sgp", {}),
-                                              ("diloco", {"strategy.overlap": 2})])
-def test_strategies_that_cannot_resume_yet_refuse_at_the_start(tmp_path, strategy, options):
-    with pytest.raises(UserError, match=f"strategy.name = '{strategy}' cannot be checkpointed "
+def test_a_strategy_that_cannot_resume_yet_refuses_at_the_start(tmp_path):
+    with pytest.raises(UserError, match="strategy.name = 'diloco' cannot be checkpointed "
                                         "yet.*run.checkpoint_every = 0"):
-        _job(tmp_path / strategy, strategy, "none", **options).simulate()
-    assert not (tmp_path / strategy).exists()
+        _job(tmp_path / "run", "diloco", "none", **{"strategy.overlap": 2}).simulate()
+    assert not (tmp_path / "run").exists()
+
+
+class Chatty:
+    """A user's strategy that leaves a message in flight at every step, and no settle."""
+
+    name, OPTIONS, CODEC_KINDS = "chatty", {}, ("exact",)
+
+    def init(self, params, ctx):
+        ctx.transport.start_messages()
+        return {}
+
+    def on_gradients(self, params, state, ctx):
+        return None
+
+    def on_parameters(self, params, state, ctx):
+        t = ctx.transport
+        t.post(torch.zeros(1), (t.rank + 1) % t.world_size, 7)
+
+    def close(self):
+        return None
 
 
 def test_the_simulator_refuses_messages_in_flight_in_one_line(tmp_path):
-    ps = build_strategy({"name": "ps"})
-    ps.CHECKPOINTS = True  # as a user's strategy might claim
-    with pytest.raises(UserError, match="'ps' has messages in flight at step 10: the "
-                                        "simulator cannot checkpoint it yet"):
-        _job(tmp_path / "ps", ps, "none").simulate()
+    with pytest.raises(UserError, match="'tests.test_checkpoint:Chatty' has messages in "
+                                        "flight at step 10: the simulator cannot checkpoint"):
+        _job(tmp_path / "run", Chatty(), "none").simulate()
 
 
 def test_resume_needs_a_run_directory(tmp_path):
@@ -187,3 +203,22 @@ def test_a_complete_run_resumes_only_to_train_longer(tmp_path):
     assert longer.summary["steps"] == 30
     assert checkpoint.steps(tmp_path / "run") == [20, 30]
     assert [e["step"] for e in longer.evals()] == [10, 20, 30]
+
+
+# Asynchronous strategies settle before each checkpoint (every push answered and taken in),
+# so they resume too; their real runs depend on timing, so this checks that the resumed run
+# ends, complete and trained, not its bits.
+@pytest.mark.multiproc
+@pytest.mark.parametrize("strategy", ["ps", "sgp"])
+def test_real_asynchronous_strategies_resume_after_kill_9(tmp_path, strategy):
+    common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "run.workers=3",
+              "--set", "run.steps=30", "--set", "run.checkpoint_every=10", "--set",
+              f"strategy.name={strategy}", "--set", f"run.out={tmp_path / 'run'}", "--quiet"]
+    assert _cli("run", *common, kill=10).returncode == 1
+    resumed = _cli("run", "--resume", str(tmp_path / "run"), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = fs.Result(None, tmp_path / "run").metrics()
+    assert sorted({m["step"] for m in summary}) == list(range(1, 31))
+    assert checkpoint.steps(tmp_path / "run") == [20, 30]
+    evals = fs.Result(None, tmp_path / "run").evals()
+    assert evals[-1]["step"] == 30 and evals[-1]["accuracy"] > 0.7

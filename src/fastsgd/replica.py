@@ -96,6 +96,14 @@ class Replica:
                           "total_steps=N) (or set replica.total_steps), else the replicas "
                           "end apart", stacklevel=3)
 
+    def settle(self) -> None:
+        """Before a checkpoint, on every worker: let the strategy finish what it has in
+        flight (messages, requests), so that its state is all there is (optional
+        `strategy.settle(params, state, ctx)`). Then a barrier, and `state_dict`."""
+        settle = getattr(self.strategy, "settle", None)
+        if settle is not None:
+            settle(self.params, self.state, self.ctx)
+
     def state_dict(self) -> dict[str, Any]:
         """What this replica must keep to resume: the step and the strategy's state, which
         holds the codec's (residuals, momentum, counters), all plain tensors and numbers.

@@ -26,6 +26,7 @@ def save(loop: Loop, step: int) -> None:
     """A checkpoint after `step` steps, off the training clock."""
     loop.metrics.flush()
     began = loop.t.now()
+    loop.replica.settle()
     loop.t.barrier()
     state = {"step": step, "model": loop.model.state_dict(),
              "optimizer": loop.optimizer.state_dict(),

@@ -62,8 +62,6 @@ REQUEST, ANSWER = 0, 1  # adpsgd: the first byte of a PAIR message
 
 class SGP(_OnGraph):
     name = "sgp"
-    # what it keeps between steps (peers' requests, messages in flight) is not in its state yet
-    CHECKPOINTS = False
     DRAINS_AT_END = True  # takes in every push still on the wire (ctx.total_steps)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
@@ -101,8 +99,9 @@ class SGP(_OnGraph):
             w -= share
         arrived = t.poll(PUSH)
         if ctx.last_step:
-            arrived += [t.wait_message(PUSH) for _ in range(self._expected(ctx) -
-                                                             self._received - len(arrived))]
+            assert ctx.total_steps is not None
+            arrived += [t.wait_message(PUSH) for _ in range(
+                self._expected(t.rank, ctx.total_steps) - self._received - len(arrived))]
         self._received += len(arrived)
         for src, payload in self._in_order(arrived, state):
             weight = payload.pop("weight")
@@ -121,6 +120,22 @@ class SGP(_OnGraph):
         state["weight"] = w
         ctx.stats["staleness"] = 0
         assign(params, (x / w).to(z.dtype))
+
+    def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        """Before a checkpoint: take in every push sent to this worker so far; they wait in
+        `state["held"]` and are mixed in at the next step."""
+        t = ctx.transport
+        arrived = t.poll(PUSH)
+        due = self._expected(t.rank, ctx.step) - self._received - len(arrived)
+        arrived += [t.wait_message(PUSH) for _ in range(due)]
+        self._received += len(arrived)
+        self._hold(arrived, state)
+
+    def in_flight_state(self) -> dict[str, Any]:
+        return {"received": self._received}
+
+    def load_in_flight(self, saved: dict[str, Any]) -> None:
+        self._received = saved["received"]
 
     def _push(self, t, peer: int, z: torch.Tensor, share: torch.Tensor,
               state: dict[str, Any]) -> torch.Tensor:
@@ -143,10 +158,7 @@ class SGP(_OnGraph):
                   state: dict[str, Any]) -> list[tuple[int, dict[str, torch.Tensor]]]:
         """The pushes that can be applied now, each edge's in the order they were sent (its
         copy changes with each one); one that overtook an earlier one waits for it."""
-        held = state["held"]
-        for src, buffer in arrived:
-            payload = unpack(buffer, self._fields, src)
-            held[(src, int(payload.pop("number")))] = payload
+        held = self._hold(arrived, state)
         ready = []
         for src in sorted({src for src, _ in held}):
             number = state["taken"].get(src, 0)
@@ -156,17 +168,24 @@ class SGP(_OnGraph):
             state["taken"][src] = number
         return ready
 
-    def _expected(self, ctx: Context) -> int:
-        """Shares this worker receives over the whole run (the graph is known in advance)."""
-        assert self.topology is not None and ctx.total_steps is not None
-        return sum(len(self.topology.in_neighbors(ctx.transport.rank, s))
-                   for s in range(ctx.total_steps))
+    def _hold(self, arrived: list[tuple[int, torch.Tensor]],
+              state: dict[str, Any]) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
+        """Unpack pushes into `state["held"]`, by (sender, number)."""
+        held = state["held"]
+        for src, buffer in arrived:
+            payload = unpack(buffer, self._fields, src)
+            held[(src, int(payload.pop("number")))] = payload
+        return held
+
+    def _expected(self, rank: int, steps: int) -> int:
+        """Shares this worker receives in the first `steps` steps (the graph is known in
+        advance)."""
+        assert self.topology is not None
+        return sum(len(self.topology.in_neighbors(rank, s)) for s in range(steps))
 
 
 class ADPSGD(_OnGraph):
     name = "adpsgd"
-    # what it keeps between steps (peers' requests, messages in flight) is not in its state yet
-    CHECKPOINTS = False
     DRAINS_AT_END = True  # answers and collects every exchange still out (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {**TOPOLOGY_OPTIONS,
@@ -221,6 +240,19 @@ class ADPSGD(_OnGraph):
             self._asked[peer] += 1
             self._awaiting += 1
         assign(params, x)
+
+    def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        """Before a checkpoint (every worker): answer every request and take every answer,
+        as at the end."""
+        assign(params, self._drain(ctx.transport, flatten(params), state))
+
+    def in_flight_state(self) -> dict[str, Any]:
+        return {"asked": list(self._asked), "answered": self._answered,
+                "rng": self._rng.getstate()}
+
+    def load_in_flight(self, saved: dict[str, Any]) -> None:
+        self._asked, self._answered = list(saved["asked"]), saved["answered"]
+        self._rng.setstate(saved["rng"])
 
     def _take(self, t, src: int, m: torch.Tensor, x: torch.Tensor,
               state: dict[str, Any]) -> torch.Tensor:

@@ -3,9 +3,10 @@
 A strategy talks only to `ctx.transport` (real processes or the simulator alike). Its
 `state` holds tensors and numbers only, so a checkpoint is the state; runtime handles
 (hooks, handles in flight) live on the strategy object and are rebuilt by `init`. A strategy
-that keeps work in flight between steps says what it is, settled into plain tensors, with
-the optional `in_flight_state()` and takes it back with `load_in_flight(saved)`; one that
-cannot be resumed yet sets `CHECKPOINTS = False`, and runs refuse to checkpoint it.
+that keeps work in flight between steps finishes it in the optional `settle(params, state,
+ctx)`, which every worker calls before a checkpoint (messages answered and taken in), and
+says what else it keeps with `in_flight_state()`, taken back by `load_in_flight(saved)`;
+one that cannot be resumed yet sets `CHECKPOINTS = False`, and runs refuse to checkpoint it.
 """
 
 from __future__ import annotations

@@ -45,8 +45,6 @@ PUSH, FETCH, PARAMS = 31, 32, 33
 
 class ParameterServer(Configurable, section="strategy"):
     name = "ps"
-    # a worker's last push and the fetches it awaits are not in its state yet
-    CHECKPOINTS = False
     DRAINS_AT_END = True  # a final push and fetch, waited for (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     OPTIONS = {
@@ -157,6 +155,28 @@ class ParameterServer(Configurable, section="strategy"):
                                        step, state)
         ctx.stats["staleness"] = step - self._last_fetch
         assign(params, local)
+
+    def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
+        """Before a checkpoint: one more fetch from every server, all answers waited for.
+        A server answers a worker's fetch after its earlier pushes (one channel, in order),
+        so once every worker has settled no push or answer is in flight."""
+        t, local = ctx.transport, flatten(params)
+        for k, part in enumerate(self._slices):
+            if not self._asked[k]:
+                self._asked[k].append(self._pushed[part].clone())
+                t.post(torch.zeros(1), k, FETCH)
+        due = sum(len(q) for q in self._asked)
+        assign(params, self._take_replies(local, [t.wait_message(PARAMS) for _ in range(due)],
+                                          ctx.step, state))
+
+    def in_flight_state(self) -> dict[str, Any]:
+        """The worker's side, after `settle`: its last push, the versions it is based on."""
+        return {"pushed": self._pushed, "versions": list(self._versions),
+                "last_fetch": self._last_fetch}
+
+    def load_in_flight(self, saved: dict[str, Any]) -> None:
+        self._pushed, self._last_fetch = saved["pushed"], saved["last_fetch"]
+        self._versions = list(saved["versions"])
 
     def _take_replies(self, local: torch.Tensor, replies: list, step: int,
                       state: dict[str, Any]) -> torch.Tensor:
