@@ -170,18 +170,18 @@ def _losses(run_dir: Path) -> list[tuple]:
     return sorted((r["step"], r["rank"], r["loss"], r["bytes_sent"]) for r in rows)
 
 
-# Real processes: every worker is killed (-9) right after the checkpoint of step 10; the
-# resumed run must end where the straight one did, bit for bit (times aside, which are wall).
+# Real processes: 100 steps straight, against 50, every worker killed (-9) right after the
+# checkpoint of step 50, and 50 more resumed: the same bits (times aside, which are wall).
 @pytest.mark.multiproc
 @pytest.mark.parametrize("strategy,codec", [("allreduce", "none"), ("dpsgd", "none"),
                                             ("localsgd", "topk"), ("diloco", "none")])
 def test_real_processes_resume_bitwise_after_kill_9(tmp_path, strategy, codec):
     common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "run.workers=2",
-              "--set", "run.steps=20", "--set", "run.checkpoint_every=10", "--set",
+              "--set", "run.steps=100", "--set", "run.checkpoint_every=50", "--set",
               f"strategy.name={strategy}", "--set", f"compression.name={codec}", "--quiet"]
     straight = _cli("run", *common, "--set", f"run.out={tmp_path / 'a'}")
     assert straight.returncode == 0, straight.stderr[-3000:]
-    killed = _cli("run", *common, "--set", f"run.out={tmp_path / 'b'}", kill=10)
+    killed = _cli("run", *common, "--set", f"run.out={tmp_path / 'b'}", kill=50)
     assert killed.returncode == 1
     assert "killed by signal 9 (SIGKILL)" in killed.stderr
     assert f"fastsgd run --resume {tmp_path / 'b'}" in killed.stderr
