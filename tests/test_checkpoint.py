@@ -2,6 +2,7 @@
 that never stopped, bit for bit."""
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -157,8 +158,8 @@ def test_resume_needs_a_run_directory(tmp_path):
         fs.Job(resume=tmp_path / "nowhere")
 
 
-def _cli(*args: str, kill: int | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _cli(*args: str, kill: int | None = None, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env_vars}
     if kill is not None:
         env["FASTSGD_TEST_KILL_AFTER_CHECKPOINT"] = str(kill)
     return subprocess.run([sys.executable, "-m", "fastsgd", *args], capture_output=True,
@@ -181,7 +182,8 @@ def test_real_processes_resume_bitwise_after_kill_9(tmp_path, strategy, codec):
               f"strategy.name={strategy}", "--set", f"compression.name={codec}", "--quiet"]
     straight = _cli("run", *common, "--set", f"run.out={tmp_path / 'a'}")
     assert straight.returncode == 0, straight.stderr[-3000:]
-    killed = _cli("run", *common, "--set", f"run.out={tmp_path / 'b'}", kill=50)
+    killed = _cli("run", *common, "--set", f"run.out={tmp_path / 'b'}", "--set",
+                  "run.on_failure=stop", kill=50)
     assert killed.returncode == 1
     assert "killed by signal 9 (SIGKILL)" in killed.stderr
     assert f"fastsgd run --resume {tmp_path / 'b'}" in killed.stderr
@@ -214,7 +216,7 @@ def test_real_asynchronous_strategies_resume_after_kill_9(tmp_path, strategy):
     common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "run.workers=3",
               "--set", "run.steps=30", "--set", "run.checkpoint_every=10", "--set",
               f"strategy.name={strategy}", "--set", f"run.out={tmp_path / 'run'}", "--quiet"]
-    assert _cli("run", *common, kill=10).returncode == 1
+    assert _cli("run", *common, "--set", "run.on_failure=stop", kill=10).returncode == 1
     resumed = _cli("run", "--resume", str(tmp_path / "run"), "--quiet")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = fs.Result(None, tmp_path / "run").metrics()
@@ -222,3 +224,29 @@ def test_real_asynchronous_strategies_resume_after_kill_9(tmp_path, strategy):
     assert checkpoint.steps(tmp_path / "run") == [20, 30]
     evals = fs.Result(None, tmp_path / "run").evals()
     assert evals[-1]["step"] == 30 and evals[-1]["accuracy"] > 0.7
+
+
+# run.on_failure = "restart" (the default): a worker killed (-9) after step 37 of 60; every
+# worker starts again from the checkpoint of step 20 (or, without checkpoints, from the
+# start) and the run ends with the bits of the run that never failed.
+@pytest.mark.multiproc
+@pytest.mark.parametrize("every,start", [(20, "the checkpoint of step 20"),
+                                         (0, "the start (no checkpoint)")])
+def test_a_dead_worker_restarts_the_run_from_its_checkpoint(tmp_path, every, start):
+    common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "run.workers=3",
+              "--set", "run.steps=60", "--set", f"run.checkpoint_every={every}", "--quiet"]
+    straight = _cli("run", *common, "--set", f"run.out={tmp_path / 'a'}")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    failed = _cli("run", *common, "--set", f"run.out={tmp_path / 'b'}",
+                  FASTSGD_TEST_KILL="1:37")
+    assert failed.returncode == 0, failed.stderr[-3000:]
+    assert failed.stderr.strip() == ("fastsgd: worker 1 was killed by signal 9 (SIGKILL); "
+                                     f"restarting every worker from {start} (restart 1 of 3)")
+    a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _losses(tmp_path / "a") == _losses(tmp_path / "b")
+    summary = fs.Result(None, tmp_path / "b").metrics() and json.loads(
+        (tmp_path / "b" / "summary.json").read_text())
+    assert [(f["event"], f["from_step"]) for f in summary["failures"]] == [
+        ("worker 1 was killed by signal 9 (SIGKILL)", every)]

@@ -14,4 +14,9 @@ class ConfigError(UserError):
 
 class WorkerFailed(RuntimeError):
     """A worker process died or failed with an error that is not the user's to fix; the
-    message holds its traceback, if it had one."""
+    message holds its traceback, if it had one. `died`: the process vanished (a signal, or
+    an exit without a message), as a crashed or killed machine would."""
+
+    def __init__(self, message: str, died: bool = False):
+        super().__init__(message)
+        self.died = died

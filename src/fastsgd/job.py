@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +27,7 @@ from fastsgd.compress import Compressor, build_compressor
 from fastsgd.data import Dataset, load_dataset
 from fastsgd.errors import ConfigError, UserError, WorkerFailed
 from fastsgd.launch import launch
-from fastsgd.metrics import read_jsonl
+from fastsgd.metrics import read_jsonl, write_json
 from fastsgd.models import build_model
 from fastsgd.objects import is_import_path, resolve
 from fastsgd.observe import EvalLog, Observer
@@ -117,14 +120,19 @@ class Job:
             return self._run_here()
         config = self._with_workers(workers)
         plan = self.plan(config)
-        try:
-            launch(lambda: _train_process(plan), config["run"]["workers"])
-        except WorkerFailed as e:
-            if not checkpoint.steps(plan.run_dir):
-                raise
-            raise WorkerFailed(f"{e}\nthe run can go on from its last checkpoint: "
-                               f"fastsgd run --resume {plan.run_dir}") from None
-        return _result(plan.run_dir)
+        run, failures = config["run"], []
+        restarts = run["max_restarts"] if run["on_failure"] == "restart" else 0
+        for attempt in range(restarts + 1):
+            began = time.perf_counter()
+            try:
+                launch(lambda: _train_process(plan), run["workers"], restart=attempt)
+                break
+            except WorkerFailed as e:
+                if not e.died or attempt == restarts:
+                    raise _with_resume_hint(e, plan.run_dir) from None
+                failures.append(_restart(plan, e, attempt + 1, restarts,
+                                         time.perf_counter() - began))
+        return _result(plan.run_dir, failures)
 
     def simulate(self, workers: int | None = None, network: Network | None = None,
                  compute: ComputeModel | None = None) -> Result:
@@ -228,6 +236,28 @@ class Job:
         return build_compressor(config["compression"])
 
 
+def _restart(plan: Plan, failure: WorkerFailed, restart: int, restarts: int,
+             lost: float) -> dict[str, Any]:
+    """A worker process died: every worker starts again from the newest checkpoint (or from
+    the start, and the run directory's logs are cut back to it). One line says so."""
+    steps = checkpoint.steps(plan.run_dir)
+    plan.resume = bool(steps)
+    if not steps:
+        checkpoint.cut_back(plan.run_dir, 0)
+    start = f"the checkpoint of step {steps[-1]}" if steps else "the start (no checkpoint)"
+    print(f"fastsgd: {failure}; restarting every worker from {start} (restart {restart} of "
+          f"{restarts})", file=sys.stderr, flush=True)
+    return {"event": str(failure), "restart": restart, "from_step": steps[-1] if steps else 0,
+            "attempt_wall_time": round(lost, 3)}
+
+
+def _with_resume_hint(failure: WorkerFailed, run_dir: Path) -> WorkerFailed:
+    if not checkpoint.steps(run_dir):
+        return failure
+    return WorkerFailed(f"{failure}\nthe run can go on from its last checkpoint: "
+                        f"fastsgd run --resume {run_dir}", failure.died)
+
+
 def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Path | dict:
     """`Job(resume=RUN_DIR)` reads RUN_DIR/config.toml unless given another config."""
     if config is not None:
@@ -265,8 +295,12 @@ def _train_process(plan: Plan) -> None:
         transport.close()
 
 
-def _result(run_dir: Path) -> Result:
-    import json
-
+def _result(run_dir: Path, failures: list[dict[str, Any]] | None = None) -> Result:
+    """The run's summary; `failures` (worker processes that died and the restarts that
+    followed) are added to summary.json."""
     path = run_dir / "summary.json"
-    return Result(json.loads(path.read_text()) if path.exists() else None, run_dir)
+    summary = json.loads(path.read_text()) if path.exists() else None
+    if summary is not None and failures:
+        summary["failures"] = failures
+        write_json(path, summary)
+    return Result(summary, run_dir)

@@ -36,7 +36,16 @@ def save(loop: Loop, step: int) -> None:
         state["sim"] = sim_state(loop, step)
     digest = save_worker(loop.plan.run_dir, step, loop.rank, state)
     complete(loop, step, digest, began)
-    if os.environ.get("FASTSGD_TEST_KILL_AFTER_CHECKPOINT") == str(step):  # fault tests
+    if os.environ.get("FASTSGD_TEST_KILL_AFTER_CHECKPOINT") == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_if_asked(rank: int, step: int) -> None:
+    """Fault tests: FASTSGD_TEST_KILL=RANK:STEP kills worker RANK (kill -9) once it has done
+    STEP steps, in a run's first attempt (not again after a restart). With
+    FASTSGD_TEST_KILL_AFTER_CHECKPOINT=STEP every worker dies right after that checkpoint."""
+    target = os.environ.get("FASTSGD_TEST_KILL")
+    if target == f"{rank}:{step}" and os.environ.get("FASTSGD_RESTART", "0") == "0":
         os.kill(os.getpid(), signal.SIGKILL)
 
 

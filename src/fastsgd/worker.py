@@ -149,6 +149,7 @@ class _Loop:
             self.progress.update(k + 1, loss, self.log.last and self.log.last[1])
             if every and ((k + 1) % every == 0 or k + 1 == self.steps):
                 resume.save(self, k + 1)
+            resume.kill_if_asked(self.rank, k + 1)
         self.metrics.flush()
         self.progress.close()
         return self.finish(self.wall())
