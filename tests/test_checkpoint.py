@@ -4,8 +4,10 @@ that never stopped, bit for bit."""
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -250,3 +252,42 @@ def test_a_dead_worker_restarts_the_run_from_its_checkpoint(tmp_path, every, sta
         (tmp_path / "b" / "summary.json").read_text())
     assert [(f["event"], f["from_step"]) for f in summary["failures"]] == [
         ("worker 1 was killed by signal 9 (SIGKILL)", every)]
+
+
+def _orphans(marker: str) -> list[int]:
+    """Processes whose command line holds `marker`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            pass
+    return found
+
+
+# Ctrl-C (SIGINT to the launching process): every worker stops after the same step within
+# 5 s, writes a checkpoint, no process is left, and the run resumes to its end.
+@pytest.mark.multiproc
+def test_ctrl_c_stops_every_worker_with_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fastsgd", "run", "--set", "data.name=digits", "--set",
+           "model.name=mlp", "--set", "run.workers=2", "--set", "run.steps=100000", "--set",
+           f"run.out={out}", "--quiet"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # training has started
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - began < 5
+    assert proc.returncode == 130
+    step = checkpoint.steps(out)[-1]
+    assert err.strip() == (f"fastsgd: interrupted: every worker stopped after step {step} and "
+                           f"wrote a checkpoint; resume with: fastsgd run --resume {out}")
+    assert not _orphans(str(out))
+    resumed = _cli("run", "--resume", str(out), "--quiet", "--set", f"run.steps={step + 20}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == step + 20

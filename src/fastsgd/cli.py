@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerFailed as e:  # a worker's traceback, if it had one, is in the message
         print(f"fastsgd: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("fastsgd: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Interrupted says how far the run got and how to resume
+        print(f"fastsgd: {str(e) or 'interrupted'}", file=sys.stderr)
         return 130
 
 

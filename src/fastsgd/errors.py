@@ -20,3 +20,12 @@ class WorkerFailed(RuntimeError):
     def __init__(self, message: str, died: bool = False):
         super().__init__(message)
         self.died = died
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run; `step`: the step every worker stopped after, with a checkpoint
+    (None: they had to be killed first). The message says how to resume."""
+
+    def __init__(self, message: str = "", step: int | None = None):
+        super().__init__(message)
+        self.step = step

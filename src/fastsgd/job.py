@@ -25,7 +25,7 @@ from fastsgd.components import (
 )
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.data import Dataset, load_dataset
-from fastsgd.errors import ConfigError, UserError, WorkerFailed
+from fastsgd.errors import ConfigError, Interrupted, UserError, WorkerFailed
 from fastsgd.launch import launch
 from fastsgd.metrics import read_jsonl, write_json
 from fastsgd.models import build_model
@@ -127,6 +127,8 @@ class Job:
             try:
                 launch(lambda: _train_process(plan), run["workers"], restart=attempt)
                 break
+            except Interrupted as e:
+                raise _interrupted(e, plan.run_dir) from None
             except WorkerFailed as e:
                 if not e.died or attempt == restarts:
                     raise _with_resume_hint(e, plan.run_dir) from None
@@ -249,6 +251,14 @@ def _restart(plan: Plan, failure: WorkerFailed, restart: int, restarts: int,
           f"{restarts})", file=sys.stderr, flush=True)
     return {"event": str(failure), "restart": restart, "from_step": steps[-1] if steps else 0,
             "attempt_wall_time": round(lost, 3)}
+
+
+def _interrupted(stopped: Interrupted, run_dir: Path) -> Interrupted:
+    where = (f"every worker stopped after step {stopped.step} and wrote a checkpoint"
+             if stopped.step else "the workers had to be killed")
+    hint = (f"; resume with: fastsgd run --resume {run_dir}" if checkpoint.steps(run_dir)
+            else "")
+    return Interrupted(f"interrupted: {where}{hint}", stopped.step)
 
 
 def _with_resume_hint(failure: WorkerFailed, run_dir: Path) -> WorkerFailed:

@@ -12,13 +12,17 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing import connection
 
 import torch
 
-from fastsgd.errors import UserError, WorkerFailed
+from fastsgd.errors import Interrupted, UserError, WorkerFailed
+from fastsgd.interrupt import Stop, share
+
+STOP_WITHIN = 4.5  # seconds the workers have to stop on Ctrl-C
 
 
 def free_port() -> int:
@@ -37,12 +41,15 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0) -> None:
     ctx = mp.get_context("fork")
     errors = ctx.SimpleQueue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, rank, workers, port, errors, restart),
+    stop = Stop(ctx, workers)
+    procs = [ctx.Process(target=_child, args=(fn, rank, workers, port, errors, restart, stop),
                          name=f"fastsgd-worker-{rank}") for rank in range(workers)]
     for p in procs:
         p.start()
     try:
         _wait(procs, errors)
+    except KeyboardInterrupt:
+        _stop(procs, stop)
     finally:
         for p in procs:
             if p.is_alive():
@@ -66,6 +73,24 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue) -> None:
                 raise _failure(procs.index(first), first.exitcode, errors)
 
 
+def _stop(procs: list[mp.process.BaseProcess], stop: Stop) -> None:
+    """Ctrl-C (interrupt.py): every worker stops after the same step and writes a checkpoint;
+    whoever has not ended within STOP_WITHIN seconds is killed (a second Ctrl-C: at once)."""
+    step = stop.request()
+    deadline = time.monotonic() + STOP_WITHIN
+    running = [p for p in procs if p.is_alive()]
+    try:
+        while running and time.monotonic() < deadline:
+            ended = connection.wait([p.sentinel for p in running], deadline - time.monotonic())
+            running = [p for p in running if p.sentinel not in ended]
+    except KeyboardInterrupt:
+        pass
+    for p in procs:
+        p.join(timeout=0 if running else None)
+    clean = not running and all(p.exitcode == 0 for p in procs)
+    raise Interrupted(step=step if clean else None)
+
+
 def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Exception:
     """What to tell: a worker killed by a signal, else the workers' own reports (user
     errors first, then by rank), else a death without a message."""
@@ -87,7 +112,9 @@ def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Excepti
 
 
 def _child(fn: Callable[[], object], rank: int, world: int, port: int,
-           errors: mp.SimpleQueue, restart: int) -> None:
+           errors: mp.SimpleQueue, restart: int, stop: Stop) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (interrupt.py)
+    share(stop)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), FASTSGD_RESTART=str(restart))

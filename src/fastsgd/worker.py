@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fastsgd import checkpoint, resume
+from fastsgd import checkpoint, interrupt, resume
 from fastsgd.compress import Compressor
 from fastsgd.config import to_toml
 from fastsgd.data import Dataset, Shard, test_batches
@@ -150,6 +150,11 @@ class _Loop:
             if every and ((k + 1) % every == 0 or k + 1 == self.steps):
                 resume.save(self, k + 1)
             resume.kill_if_asked(self.rank, k + 1)
+            if k + 1 < self.steps and interrupt.stop_after(self.rank, k + 1):
+                if not (every and (k + 1) % every == 0):
+                    resume.save(self, k + 1)
+                self.progress.close()
+                return None  # Ctrl-C: the launcher says how to resume
         self.metrics.flush()
         self.progress.close()
         return self.finish(self.wall())
@@ -283,7 +288,7 @@ class _Loop:
 
     def finish(self, wall_time: float) -> dict[str, Any] | None:
         end = self.clock()
-        if self.evaluated != self.steps or self.log.model[1] is None:  # None: resumed at the end
+        if self.evaluated != self.steps:
             self.evaluate(self.steps)
         # each worker's own rate up to its last step (where asynchronous strategies drain,
         # waiting for the slowest): fast workers get more done
