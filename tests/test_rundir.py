@@ -65,7 +65,8 @@ def test_config_and_model_reload(run, synthetic):
 def test_nan_loss_is_a_clear_error(synthetic, tmp_path):
     job = fs.Job(model="mlp", data=synthetic, quiet=True,
                  options={"run.steps": 30, "optimizer.lr": 1e6, "run.out": str(tmp_path)})
-    with pytest.raises(fs.UserError, match=r"loss is (nan|inf) at step \d+ on worker \d"):
+    with pytest.raises(fs.UserError, match=r"worker \d: loss (nan|inf) at step \d+, 11 steps "
+                                           r"in a row \(run.max_bad_steps = 10\)"):
         job.simulate(workers=2)
 
 
