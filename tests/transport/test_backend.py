@@ -1,9 +1,15 @@
 """Backend choice: NCCL only where every local worker has a GPU; clear errors otherwise."""
 
+import os
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from fastsgd.errors import UserError
+from fastsgd.launch import free_port
 from fastsgd.transport.torch_dist import pick_backend
 
 
@@ -20,3 +26,36 @@ def test_nccl_without_a_gpu_per_worker_names_the_key(monkeypatch):
 
 def test_gloo_is_taken_as_asked():
     assert pick_backend("gloo") == "gloo"
+
+
+def _as_torchrun_worker(addr: str, port: int, rank: int) -> subprocess.CompletedProcess:
+    """`fastsgd run` as worker `rank` of 2 of a torchrun job whose rendezvous is addr:port."""
+    env = {**os.environ, "MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
+           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--set", "data.name=digits",
+                           "--set", "model.name=mlp", "--set", "run.timeout=3", "--quiet"],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.multiproc
+def test_a_busy_rendezvous_port_is_one_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = _as_torchrun_worker("127.0.0.1", port, rank=0)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"fastsgd: error: the rendezvous port {port} (MASTER_PORT) "
+                                   "is busy on 127.0.0.1: another job holds it; choose "
+                                   "another port")
+
+
+@pytest.mark.multiproc
+def test_an_unreachable_rendezvous_is_one_line(tmp_path):
+    port = free_port()  # nobody listens there
+    done = _as_torchrun_worker("127.0.0.1", port, rank=1)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"fastsgd: error: cannot reach the rendezvous at 127.0.0.1:{port} "
+        "(MASTER_ADDR:MASTER_PORT) within run.timeout = 3 s")

@@ -8,10 +8,14 @@ Bytes are counted by the same per-algorithm rules as the simulator (transport/ba
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -59,6 +63,42 @@ def pick_backend(backend: str = "auto") -> str:
     return backend
 
 
+def _rendezvous(backend: str, timeout: float) -> None:
+    """init_process_group, with one line naming the port or the address when it fails
+    (c10d also logs the failure, with a C++ backtrace, on stderr: that is held back and
+    shown only if the rendezvous succeeds)."""
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    try:
+        with _stderr_held():
+            dist.init_process_group(backend, init_method="env://",
+                                    timeout=datetime.timedelta(seconds=timeout))
+    except dist.DistNetworkError as e:
+        reason = str(e).splitlines()[0]
+        if "EADDRINUSE" in reason:
+            raise UserError(f"the rendezvous port {os.environ['MASTER_PORT']} "
+                            f"(MASTER_PORT) is busy on {os.environ['MASTER_ADDR']}: another "
+                            "job holds it; choose another port") from None
+        raise UserError(f"cannot reach the rendezvous at {where} (MASTER_ADDR:MASTER_PORT) "
+                        f"within run.timeout = {timeout:g} s: {reason}") from None
+
+
+@contextlib.contextmanager
+def _stderr_held() -> Iterator[None]:
+    """File descriptor 2 goes to a temporary file (C++ writes there too) for the block;
+    what was written is shown afterwards if the block succeeds, dropped if it raises."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        sys.stderr.write(held.read())
+
+
 class TorchTransport:
     """One worker process of a torch.distributed job, joined through env:// rendezvous.
 
@@ -78,8 +118,7 @@ class TorchTransport:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
         if not dist.is_initialized():
-            dist.init_process_group(backend, init_method="env://",
-                                    timeout=datetime.timedelta(seconds=timeout))
+            _rendezvous(backend, timeout)
         self.backend = backend
         self._timeout = timeout
         self.rank = dist.get_rank()
