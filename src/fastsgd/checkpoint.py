@@ -137,10 +137,12 @@ def _warn(message: str) -> None:
     print(f"fastsgd: {message}", file=sys.stderr, flush=True)
 
 
-def agree_step(run_dir: Path, transport: Transport) -> tuple[int, bytes]:
+def agree_step(run_dir: Path, transport: Transport,
+               required: bool = True) -> tuple[int, bytes] | None:
     """The newest step whose checkpoint every worker holds intact, and this worker's file of
-    it. Each proposes its newest intact step no later than the last proposal; the minimum
-    is the next bound, until all propose the same."""
+    it (None if there is none and it is not `required`). Each proposes its newest intact
+    step no later than the last proposal; the minimum is the next bound, until all propose
+    the same."""
     rank, workers = transport.rank, transport.world_size
     candidates = steps(run_dir)[::-1]
     found: dict[int, bytes | None] = {}
@@ -158,6 +160,8 @@ def agree_step(run_dir: Path, transport: Transport) -> tuple[int, bytes]:
         proposals = [int(t) for t in transport.all_gather(
             torch.tensor([mine], dtype=torch.int64, device=transport.device))]
         bound = min(proposals)
+        if bound < 0 and not required:
+            return None
         if bound < 0:
             raise UserError(f"no complete checkpoint in {Path(run_dir) / FOLDER} for all "
                             f"{workers} workers (was run.checkpoint_every 0?)")

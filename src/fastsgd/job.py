@@ -37,7 +37,7 @@ from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
 from fastsgd.transport.sim import ComputeModel, Network, load_trace, simulate
 from fastsgd.transport.sim.compute import compute_model
-from fastsgd.transport.torch_dist import TorchTransport
+from fastsgd.transport.torch_dist import TorchTransport, peer_gone
 from fastsgd.worker import EvalFn, Plan, StepFn, train
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
@@ -75,7 +75,11 @@ class Job:
                  compressor: str | Compressor | None = None, evaluate: EvalFn | None = None,
                  config: str | Path | dict | None = None, options: dict[str, Any] | None = None,
                  quiet: bool = False, overwrite: bool = False, resume: str | Path | None = None):
-        if resume is not None:  # the run's own config and folder, then `options`
+        # resume: the run's own config and folder, then `options`; with a config given too,
+        # a folder without a checkpoint yet is started (the same command line after a
+        # restart, as under torchrun --max-restarts)
+        self._fresh_if_none = resume is not None and config is not None
+        if resume is not None:
             config, options = _resume_config(Path(resume), config), {
                 **(options or {}), "run.out": str(resume)}
         raw = cfg.read_toml(Path(config)) if isinstance(config, (str, Path)) else (config or {})
@@ -164,6 +168,12 @@ class Job:
             config = cfg.merged(self.config, run={"workers": transport.world_size})
             plan = self.plan(config, transport=transport)
             summary = train(plan, transport)
+        except RuntimeError as e:
+            if not peer_gone(e):
+                raise
+            # one line; under torchrun --max-restarts the agent then restarts every worker
+            raise WorkerFailed(f"worker {transport.rank}: a peer is gone "
+                               f"({str(e).splitlines()[0]})") from None
         finally:
             transport.close()
         return Result(summary, plan.run_dir)
@@ -194,7 +204,8 @@ class Job:
         return Plan(config=config, run_dir=run_dir, dataset=dataset, make_model=make_model,
                     make_optimizer=self._optimizer, step=self._step, evaluate=self._evaluate,
                     strategy=strategy, compressor=codec, simulated=simulated,
-                    progress=not self.quiet, resume=self.resume)
+                    progress=not self.quiet, resume=self.resume,
+                    fresh_if_none=self._fresh_if_none)
 
     def _run_dir(self, config: dict, transport: TorchTransport | None) -> Path:
         out = config["run"]["out"]
@@ -202,7 +213,7 @@ class Job:
         if transport is None or transport.rank == 0:
             reuse = bool(out) and self._out_given or self.overwrite
             name = str(claim(out or default_out(config["strategy"]["name"]), reuse,
-                             self.resume))
+                             self.resume and not self._fresh_if_none))
         if transport is not None and transport.world_size > 1:
             name = agree(name, transport)
             Path(name).mkdir(parents=True, exist_ok=True)  # each node writes its own files

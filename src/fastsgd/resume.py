@@ -42,10 +42,13 @@ def save(loop: Loop, step: int) -> None:
 
 def kill_if_asked(rank: int, step: int) -> None:
     """Fault tests: FASTSGD_TEST_KILL=RANK:STEP kills worker RANK (kill -9) once it has done
-    STEP steps, in a run's first attempt (not again after a restart). With
+    STEP steps, in a run's first attempt (not again after a restart by fastsgd run or
+    torchrun). With
     FASTSGD_TEST_KILL_AFTER_CHECKPOINT=STEP every worker dies right after that checkpoint."""
     target = os.environ.get("FASTSGD_TEST_KILL")
-    if target == f"{rank}:{step}" and os.environ.get("FASTSGD_RESTART", "0") == "0":
+    restarted = (os.environ.get("FASTSGD_RESTART", "0") != "0"
+                 or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0")
+    if target == f"{rank}:{step}" and not restarted:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -37,11 +37,15 @@ def default_out(strategy: str, when: float | None = None) -> str:
 def claim(out: str, reuse: bool, resume: bool = False) -> Path:
     """The run directory for `out`, created: `out` itself if it holds no run or `reuse` is
     set (its old run's files and checkpoints are then removed), else the first free `out-K`.
-    `resume`: `out` as it is, which must exist."""
+    `resume`: `out` as it is, which must exist; `reuse` and `resume` both: `out` as it is,
+    created if need be."""
     path = Path(out)
-    if resume:
+    if resume and not reuse:
         if not path.is_dir():
             raise UserError(f"cannot resume {path}: no such run directory")
+        return path
+    if reuse and resume:
+        path.mkdir(parents=True, exist_ok=True)
         return path
     if reuse:
         path.mkdir(parents=True, exist_ok=True)

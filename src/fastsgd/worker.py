@@ -79,6 +79,7 @@ class Plan:
     progress: bool = True
     observer: Observer | None = None  # the simulator's free evaluations
     resume: bool = False  # continue from the newest checkpoint in run_dir
+    fresh_if_none: bool = False  # resume: start afresh if run_dir holds no checkpoint
 
     def total_steps(self, world_size: int) -> int:
         run = self.config["run"]
@@ -134,7 +135,9 @@ class _Loop:
 
     def run(self) -> dict[str, Any] | None:
         self.record_environment()
-        saved = checkpoint.agree_step(self.plan.run_dir, self.t) if self.plan.resume else None
+        saved = (checkpoint.agree_step(self.plan.run_dir, self.t,
+                                       required=not self.plan.fresh_if_none)
+                 if self.plan.resume else None)
         if saved and self.leads_node:
             checkpoint.cut_back(self.plan.run_dir, saved[0])
         self.t.barrier()  # everyone starts the clock together (setup is not training time)

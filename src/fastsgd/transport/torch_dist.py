@@ -99,6 +99,14 @@ def _stderr_held() -> Iterator[None]:
         sys.stderr.write(held.read())
 
 
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def peer_gone(error: BaseException) -> bool:
+    """Is this gloo telling that a peer process vanished (killed, crashed)?"""
+    return isinstance(error, RuntimeError) and any(s in str(error) for s in PEER_GONE)
+
+
 class TorchTransport:
     """One worker process of a torch.distributed job, joined through env:// rendezvous.
 
