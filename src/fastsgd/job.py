@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +11,6 @@ from typing import Any
 
 import torch
 
-from fastsgd import checkpoint
 from fastsgd import config as cfg
 from fastsgd.components import (
     OptimizerFn,
@@ -25,7 +22,7 @@ from fastsgd.components import (
 )
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.data import Dataset, load_dataset
-from fastsgd.errors import ConfigError, Interrupted, UserError, WorkerFailed
+from fastsgd.errors import ConfigError, UserError, WorkerFailed
 from fastsgd.launch import launch
 from fastsgd.metrics import read_jsonl, write_json
 from fastsgd.models import build_model
@@ -35,6 +32,7 @@ from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
+from fastsgd.supervise import supervise
 from fastsgd.transport.sim import ComputeModel, Network, load_trace, simulate
 from fastsgd.transport.sim.compute import compute_model
 from fastsgd.transport.torch_dist import TorchTransport, peer_gone
@@ -124,20 +122,8 @@ class Job:
             return self._run_here()
         config = self._with_workers(workers)
         plan = self.plan(config)
-        run, failures = config["run"], []
-        restarts = run["max_restarts"] if run["on_failure"] == "restart" else 0
-        for attempt in range(restarts + 1):
-            began = time.perf_counter()
-            try:
-                launch(lambda: _train_process(plan), run["workers"], restart=attempt)
-                break
-            except Interrupted as e:
-                raise _interrupted(e, plan.run_dir) from None
-            except WorkerFailed as e:
-                if not e.died or attempt == restarts:
-                    raise _with_resume_hint(e, plan.run_dir) from None
-                failures.append(_restart(plan, e, attempt + 1, restarts,
-                                         time.perf_counter() - began))
+        failures = supervise(plan, lambda attempt: launch(
+            lambda: _train_process(plan), config["run"]["workers"], restart=attempt))
         return _result(plan.run_dir, failures)
 
     def simulate(self, workers: int | None = None, network: Network | None = None,
@@ -247,36 +233,6 @@ class Job:
         if self._compressor is not None and not isinstance(self._compressor, str):
             return self._compressor
         return build_compressor(config["compression"])
-
-
-def _restart(plan: Plan, failure: WorkerFailed, restart: int, restarts: int,
-             lost: float) -> dict[str, Any]:
-    """A worker process died: every worker starts again from the newest checkpoint (or from
-    the start, and the run directory's logs are cut back to it). One line says so."""
-    steps = checkpoint.steps(plan.run_dir)
-    plan.resume = bool(steps)
-    if not steps:
-        checkpoint.cut_back(plan.run_dir, 0)
-    start = f"the checkpoint of step {steps[-1]}" if steps else "the start (no checkpoint)"
-    print(f"fastsgd: {failure}; restarting every worker from {start} (restart {restart} of "
-          f"{restarts})", file=sys.stderr, flush=True)
-    return {"event": str(failure), "restart": restart, "from_step": steps[-1] if steps else 0,
-            "attempt_wall_time": round(lost, 3)}
-
-
-def _interrupted(stopped: Interrupted, run_dir: Path) -> Interrupted:
-    where = (f"every worker stopped after step {stopped.step} and wrote a checkpoint"
-             if stopped.step else "the workers had to be killed")
-    hint = (f"; resume with: fastsgd run --resume {run_dir}" if checkpoint.steps(run_dir)
-            else "")
-    return Interrupted(f"interrupted: {where}{hint}", stopped.step)
-
-
-def _with_resume_hint(failure: WorkerFailed, run_dir: Path) -> WorkerFailed:
-    if not checkpoint.steps(run_dir):
-        return failure
-    return WorkerFailed(f"{failure}\nthe run can go on from its last checkpoint: "
-                        f"fastsgd run --resume {run_dir}", failure.died)
 
 
 def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Path | dict:
