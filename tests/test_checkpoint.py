@@ -291,3 +291,22 @@ def test_ctrl_c_stops_every_worker_with_a_checkpoint(tmp_path):
     resumed = _cli("run", "--resume", str(out), "--quiet", "--set", f"run.steps={step + 20}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["steps"] == step + 20
+
+
+# A worker killed while it writes the checkpoint of step 40 (its file is in, the manifest
+# not): that checkpoint never counts, the restart goes on from step 20, and the run still
+# ends with the bits of the run that never failed.
+@pytest.mark.multiproc
+def test_a_crash_during_a_checkpoint_write_falls_back_to_the_previous_one(tmp_path):
+    common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "run.workers=2",
+              "--set", "run.steps=60", "--set", "run.checkpoint_every=20", "--quiet"]
+    straight = _cli("run", *common, "--set", f"run.out={tmp_path / 'a'}")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    failed = _cli("run", *common, "--set", f"run.out={tmp_path / 'b'}",
+                  FASTSGD_TEST_KILL="1:40:checkpoint")
+    assert failed.returncode == 0, failed.stderr[-3000:]
+    assert "restarting every worker from the checkpoint of step 20" in failed.stderr
+    a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert checkpoint.steps(tmp_path / "b") == [40, 60]

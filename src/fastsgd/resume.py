@@ -35,20 +35,23 @@ def save(loop: Loop, step: int) -> None:
     if loop.plan.simulated:
         state["sim"] = sim_state(loop, step)
     digest = save_worker(loop.plan.run_dir, step, loop.rank, state)
+    kill_if_asked(loop.rank, step, "checkpoint")
     complete(loop, step, digest, began)
     if os.environ.get("FASTSGD_TEST_KILL_AFTER_CHECKPOINT") == str(step):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def kill_if_asked(rank: int, step: int) -> None:
+def kill_if_asked(rank: int, step: int, where: str = "step") -> None:
     """Fault tests: FASTSGD_TEST_KILL=RANK:STEP kills worker RANK (kill -9) once it has done
-    STEP steps, in a run's first attempt (not again after a restart by fastsgd run or
-    torchrun). With
-    FASTSGD_TEST_KILL_AFTER_CHECKPOINT=STEP every worker dies right after that checkpoint."""
-    target = os.environ.get("FASTSGD_TEST_KILL")
+    STEP steps; RANK:STEP:checkpoint, while it writes the checkpoint of STEP (its file is
+    in, the manifest not yet). Only in a run's first attempt, not again after a restart by
+    fastsgd run or torchrun. FASTSGD_TEST_KILL_AFTER_CHECKPOINT=STEP kills every worker
+    right after that checkpoint."""
+    target = os.environ.get("FASTSGD_TEST_KILL", "")
     restarted = (os.environ.get("FASTSGD_RESTART", "0") != "0"
                  or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0")
-    if target == f"{rank}:{step}" and not restarted:
+    asked = target if target.count(":") == 2 else f"{target}:step"
+    if asked == f"{rank}:{step}:{where}" and not restarted:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
