@@ -106,7 +106,11 @@ class Messenger:
         self.down = dist.new_group(backend="gloo")  # payloads to a lower rank
         self.mailbox = Mailbox()
         self._on_receive = on_receive
-        self._pending: list[tuple[dist.Work, torch.Tensor]] = []  # keep buffers until sent
+        # sends in flight, with their buffers, until the sent thread has seen them out: a gloo
+        # send's Work reports completion only once waited for, so keeping them until
+        # `is_completed()` kept every payload ever sent (1 MB per step per worker for an
+        # MLP's sgp, until the machine ran out of memory)
+        self._sent: queue.SimpleQueue = queue.SimpleQueue()
         self._send_lock = threading.Lock()  # the training and receiver threads both send
         self._handlers: dict[int, Callable[[int, torch.Tensor], None]] = {}
         # held while a message is filed or handled: a handler takes its tag's messages one
@@ -118,7 +122,8 @@ class Messenger:
         self._delivering = True  # until the payload thread fails
         self._threads = [threading.Thread(target=loop, daemon=True, name=f"fastsgd-{name}-{rank}")
                          for loop, name in ((self._header_loop, "headers"),
-                                            (self._payload_loop, "payloads"))]
+                                            (self._payload_loop, "payloads"),
+                                            (self._sent_loop, "sent"))]
         if world_size > 1:  # alone, a process only ever messages itself
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
             for thread in self._threads:
@@ -135,10 +140,9 @@ class Messenger:
             return
         data = self.data_group(self.rank, dst)
         with self._send_lock:
-            self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
             header = frames.header(payload, tag)
-            self._pending.append((self.control.send([header], dst, HEADER_TAG), header))
-            self._pending.append((data.send([payload], dst, PAYLOAD_TAG), payload))
+            self._sent.put((self.control.send([header], dst, HEADER_TAG), header))
+            self._sent.put((data.send([payload], dst, PAYLOAD_TAG), payload))
 
     def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
         """Hand every message with `tag` to `handler` from now on, starting with those already
@@ -194,18 +198,25 @@ class Messenger:
             self._delivering = False
             self._slots.release()  # the header thread must not wait for this one: it ends
 
+    def _sent_loop(self) -> None:
+        """Wait for each send in turn, then let its buffer go; None: all sent, stop."""
+        try:
+            while (sent := self._sent.get()) is not None:
+                sent[0].wait()
+        except BaseException as e:  # noqa: BLE001 - handed to the training thread
+            self.mailbox.fail(e)
+
     def close(self) -> None:
         """Collective: wait until every frame is delivered, then stop the receivers."""
         if self.world_size == 1:
             return
         with self._send_lock:
-            pending = list(self._pending)
-        for work, _ in pending:
-            work.wait()
+            self._sent.put(None)
+        self._threads[2].join()
         dist.barrier(group=self.control)
         stop = torch.zeros(0)
         right = (self.rank + 1) % self.world_size
         dist.isend(frames.header(stop, frames.STOP_TAG), right, self.control,
                    tag=HEADER_TAG).wait()
-        for thread in self._threads:
+        for thread in self._threads[:2]:
             thread.join(timeout=30)
