@@ -23,9 +23,9 @@ import torch.distributed as dist
 # Imported before any process group exists, on purpose: its functions take
 # `group=group.WORLD` as default arguments, evaluated at import (torch 2.13). Imported later
 # (torch.optim pulls it in through torch._dynamo on first use), they would hold the default
-# group past destroy_process_group, so its gloo threads would outlive close() and one that
-# frees a finished collective at interpreter exit aborts the process ("terminate called
-# without an active exception", about 1 run in 10 under torchrun).
+# group past destroy_process_group, and its gloo threads would live until interpreter exit.
+# That is harmless only because the collectives run on a group of the transport's own
+# (TorchTransport._group, see there): the default group's threads never ran one.
 import torch.distributed.nn.functional  # noqa: F401
 
 from fastsgd.errors import UserError
@@ -127,6 +127,19 @@ class TorchTransport:
             torch.cuda.set_device(self.device)
         if not dist.is_initialized():
             _rendezvous(backend, timeout)
+        # Every collective runs on this group, which only the transport holds, so close()
+        # really destroys it and joins its gloo threads. The default group can be held past
+        # destroy_process_group by anyone (torch.distributed.nn.functional binds it as a
+        # default argument when it is imported after init: by fastsgd when the script
+        # initialized the group before importing fastsgd, by torch._dynamo on the first
+        # optimizer step). A gloo thread that outlives close() may still be freeing the
+        # last collective's work when the interpreter finalizes; freeing it takes the GIL
+        # (the work holds tensors whose Python objects are gone, or the autograd context
+        # of the backward pass that launched it), the thread is then ended by pthread_exit
+        # inside a noexcept destructor and the process aborts: "terminate called without
+        # an active exception", 8 of 60 torchrun runs (2 processes, Replica + allreduce)
+        # with the group initialized before fastsgd was imported; 0 of 30 on this group.
+        self._group = dist.new_group()
         self.backend = backend
         self._timeout = timeout
         self.rank = dist.get_rank()
@@ -140,28 +153,28 @@ class TorchTransport:
     def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
         size = ring_allreduce_bytes(nbytes(tensor), self.world_size)
         self._count(size, size)
-        work = dist.all_reduce(tensor, async_op=async_op)
+        work = dist.all_reduce(tensor, group=self._group, async_op=async_op)
         return _Work(work) if async_op else Done()
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         size = ring_allgather_bytes(nbytes(tensor), self.world_size)
         self._count(size, size)
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(out, tensor)
+        dist.all_gather(out, tensor, group=self._group)
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         size = nbytes(tensor)
         self._count(tree_broadcast_bytes(size, self.world_size, self.rank, src),
                     0 if self.rank == src else size)
-        dist.broadcast(tensor, src)
+        dist.broadcast(tensor, src, group=self._group)
 
     def send(self, tensor: torch.Tensor, dst: int) -> Handle:
         self._count(nbytes(tensor), 0)
-        return _Work(dist.isend(tensor, dst))
+        return _Work(dist.isend(tensor, dst, group=self._group))
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
-        dist.recv(tensor, src)
+        dist.recv(tensor, src, group=self._group)
         self._count(0, nbytes(tensor))
 
     def exchange(self, outgoing: list[tuple[int, torch.Tensor]],
@@ -172,14 +185,14 @@ class TorchTransport:
         # send was done, so the two directions ran one after the other (2 hosts at 20 Mbit/s:
         # 0.90 s against 0.45 s for one direction; receives first: 0.48 s). One batch, so
         # that NCCL runs them as a group (its sends and receives block one another otherwise).
-        ops = [dist.P2POp(dist.irecv, buffer, src) for src, buffer in incoming]
-        ops += [dist.P2POp(dist.isend, tensor, dst) for dst, tensor in outgoing]
+        ops = [dist.P2POp(dist.irecv, buffer, src, self._group) for src, buffer in incoming]
+        ops += [dist.P2POp(dist.isend, tensor, dst, self._group) for dst, tensor in outgoing]
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
         self._count(sum(nbytes(t) for _, t in outgoing), sum(nbytes(b) for _, b in incoming))
 
     def barrier(self) -> None:
-        dist.barrier()
+        dist.barrier(group=self._group)
 
     def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """Collective: a tensor in this machine's shared memory, the same for every worker,
@@ -256,6 +269,7 @@ class TorchTransport:
         if self._messenger is not None:
             self._messenger.close()
             self._messenger = None
+        self._group = None  # the last reference: destroying the groups frees it
         if dist.is_initialized():
             dist.destroy_process_group()
 
