@@ -60,7 +60,7 @@ def run(strategy: str, args: argparse.Namespace, out: Path, kill: bool) -> dict[
            "--set", "run.max_restarts=1000", "--set", f"run.eval_every={args.steps}",
            "--set", f"run.out={out}"]
     began = time.monotonic()
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     kills: list[float] = []
     stop = threading.Event()
