@@ -35,6 +35,11 @@ def _bandwidths(values: dict) -> str | None:
     return None if ok else 'must map worker ranks to bandwidths, e.g. {3 = "10Mbit"}'
 
 
+def _crashes(values: list) -> str | None:
+    ok = all(isinstance(v, dict) for v in values)
+    return None if ok else 'must be a list of tables, e.g. [{worker = 3, at = "10s"}]'
+
+
 def _mtu(v: int) -> str | None:
     return None if v == 0 or v >= 576 else "must be 0 (payload only) or a frame size >= 576"
 
@@ -123,6 +128,11 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "loss": Option(float, 0.0, _below_one, "probability that a message is lost"),
         "rto": _time("TCP retransmission timeout after a loss", "200ms"),
         "mtu": Option(int, 1500, _mtu, "Ethernet frame size between nodes; 0: payload only"),
+    },
+    "faults": {  # the simulator's faults (docs/simulator.md, "Faults")
+        "crash": Option(list, [], _crashes, 'workers that crash, e.g. [{worker = 3, at = '
+                        '"10s"}] or [{worker = 3, step = 500}]'),
+        "detect": _time("how long the survivors take to notice a crash", "1s"),
     },
 }
 MOVED = {("run", "slowdown"): "compute"}  # keys of older configs, read where they live now

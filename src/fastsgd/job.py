@@ -33,7 +33,7 @@ from fastsgd.rundir import agree, claim, default_out
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
 from fastsgd.supervise import supervise
-from fastsgd.transport.sim import ComputeModel, Network, load_trace, simulate
+from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
 from fastsgd.transport.sim.compute import compute_model
 from fastsgd.transport.torch_dist import TorchTransport, peer_gone
 from fastsgd.worker import EvalFn, Plan, StepFn, train
@@ -136,6 +136,8 @@ class Job:
         net.check(n)
         if compute is None:
             _check_compute(config["compute"], n, seed)
+        faults = Faults.parse(config["faults"], n)  # before the run directory exists
+        faults.check_run(self._strategy_object(config), self._codec(config), config)
         plan = self.plan(config, simulated=True)
         if compute is None and needs_profile(config["compute"]):
             plan.config = cfg.merged(plan.config, compute=profile(plan))
@@ -144,7 +146,7 @@ class Job:
                                  lambda m: plan.evaluate(m, plan.dataset, torch.device("cpu")),
                                  EvalLog(plan.run_dir / "eval.jsonl",
                                          plan.config["run"]["target_accuracy"]))
-        simulate(n, lambda t: train(plan, t), net, model)
+        simulate(n, lambda t: train(plan, t), net, model, faults, plan.observer.crashed)
         return _result(plan.run_dir)
 
     def _run_here(self) -> Result:

@@ -110,15 +110,28 @@ class Observer:
         self.workers, self.policy, self.evaluate, self.log = workers, policy, evaluate, log
         self._steps: dict[int, _Snapshot] = {}
         self._lock = threading.Lock()  # one simulated worker runs at a time; this is cheap
+        self._dead: dict[int, int] = {}  # crashed rank -> the step it left at
 
     def hand_in(self, step: int, rank: int, model: torch.nn.Module, when: float,
                 score: Score) -> None:
         with self._lock:
             snapshot = self._steps.setdefault(step, _Snapshot(self.policy))
             snapshot.add(rank, model, when, score)
-            if snapshot.count < self.workers:
-                return
-            del self._steps[step]
+        self._evaluate_complete()
+
+    def crashed(self, dead: dict[int, int]) -> None:
+        """Workers crashed (the simulator's faults): steps they never reach are complete
+        without them. A worker that left at step k handed in at most step k."""
+        self._dead = dead
+        self._evaluate_complete()
+
+    def _evaluate_complete(self) -> None:
+        for step in sorted(self._steps):
+            expected = self.workers - sum(1 for left in self._dead.values() if left < step)
+            if self._steps[step].count >= expected:
+                self._evaluate(step, self._steps.pop(step))
+
+    def _evaluate(self, step: int, snapshot: _Snapshot) -> None:
         began = time.perf_counter()
         chosen = snapshot.representative()
         accuracy, loss = self.evaluate(chosen)

@@ -183,6 +183,7 @@ class _Loop:
     def step(self, k: int) -> float:
         now, t = self.clock, self.t
         sent, received = t.bytes_sent, t.bytes_received
+        self.reshard()
         t0 = now()
         x, y = self.shard.batch(k)
         t1 = now()
@@ -224,6 +225,13 @@ class _Loop:
                 "bytes_sent": t.bytes_sent - sent, "bytes_received": t.bytes_received - received,
                 "staleness": self.replica.ctx.stats.get("staleness", 0)})
         return value
+
+    def reshard(self) -> None:
+        """Workers were lost (the simulator's faults): the survivors split each global batch
+        among themselves from now on, so no part of the data goes unseen."""
+        members = self.t.members()
+        if len(members) != self.shard.world_size:
+            self.shard = self.plan.shard(members.index(self.rank), len(members))
 
     def check_finite(self, k: int, loss: float) -> None:
         """A NaN or inf loss or gradient: this worker's batch is skipped (its gradients are
@@ -329,6 +337,8 @@ class _Loop:
             "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
             "skipped_steps": int(totals[3]),  # worker-steps with a NaN or inf loss or gradient
             "consensus_distance": last[3], "representative": cfg["run"]["representative"],
+            "lost_workers": [{"worker": r, "step": step, "time": round(when - self.start, 9)}
+                             for r, (step, when) in sorted(self.t.departed().items())],
             "mode": "simulated" if self.plan.simulated else "real",
             "run_dir": str(self.plan.run_dir),
         }

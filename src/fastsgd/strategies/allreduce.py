@@ -25,7 +25,7 @@ from fastsgd.compress.collectives import all_reduce_means, init_all_reduce
 from fastsgd.options import Configurable, Option, one_of, positive
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.correction import MODES, corrects
-from fastsgd.transport.base import Handle
+from fastsgd.transport.base import Handle, Transport
 
 
 class _Bucket:
@@ -64,16 +64,17 @@ class _Bucket:
         self.gather_grads(as_views=True)
         self.handle = ctx.transport.all_reduce(self.flat, async_op=True)
 
-    def finish(self, world_size: int) -> None:
+    def finish(self, transport: Transport) -> None:
         assert self.handle is not None
         self.handle.wait()
-        self.flat.div_(world_size)
+        self.flat.div_(len(transport.members()))  # the survivors, once a worker is lost
         self.scatter_grads()
         self.handle, self.pending = None, len(self.params)
 
 
 class AllReduce(Configurable, section="strategy"):
     name = "allreduce"
+    CARRIES_ON = ("exact",)  # shrinks: the survivors' all-reduce, the data re-sharded
     OPTIONS = {
         "bucket_mb": Option(float, 25.0, positive, "gradient bucket size in MB"),
         "overlap": Option(bool, True, doc="start each bucket's all-reduce during backward"),
@@ -138,7 +139,7 @@ class AllReduce(Configurable, section="strategy"):
             if bucket.handle is None:
                 bucket.launch(ctx)
         for bucket in self._buckets:
-            bucket.finish(ctx.transport.world_size)
+            bucket.finish(ctx.transport)
 
     def on_parameters(self, params: list[torch.nn.Parameter], state: dict[str, Any],
                       ctx: Context) -> None:
@@ -148,7 +149,7 @@ class AllReduce(Configurable, section="strategy"):
         if self._buffers:
             flat = torch.cat([b.reshape(-1) for b in self._buffers])
             ctx.transport.all_reduce(flat)
-            flat.div_(ctx.transport.world_size)
+            flat.div_(len(ctx.transport.members()))
             for b, view in zip(self._buffers, flat.split([b.numel() for b in self._buffers])):
                 b.copy_(view.view_as(b))
         if self._start is None:

@@ -51,7 +51,9 @@ from fastsgd.errors import UserError
 from fastsgd.options import Option, between
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.gossip import TOPOLOGY_OPTIONS, _OnGraph
+from fastsgd.strategies.membership import await_messages
 from fastsgd.strategies.params import assign, flatten
+from fastsgd.transport.base import PeerLost
 
 Params = list[torch.nn.Parameter]
 END_OPTIONS = {"average_at_end": Option(bool, True, doc="average the replicas after the "
@@ -64,6 +66,7 @@ class SGP(_OnGraph):
     name = "sgp"
     DRAINS_AT_END = True  # takes in every push still on the wire (ctx.total_steps)
     CODEC_KINDS = ("exact", "quantize", "sparse")
+    CARRIES_ON = CODEC_KINDS  # a lost worker's share is dropped with its weight
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
         "onepeer"), "gamma": Option(float, 0.5, between(0, 1), "push step (lossy codecs only)"),
         **END_OPTIONS}
@@ -92,7 +95,8 @@ class SGP(_OnGraph):
         assert self.topology is not None
         t, z = ctx.transport, flatten(params)
         x, w = z.double() * state["weight"], state["weight"].clone()
-        peers = self.topology.out_neighbors(t.rank, ctx.step)
+        gone = t.departed()  # no share for a lost peer: it stays here
+        peers = [p for p in self.topology.out_neighbors(t.rank, ctx.step) if p not in gone]
         share = state["weight"] * (self._step / (len(peers) + 1))
         for peer in peers:  # x and w lose exactly the mass the peer will add
             x -= share * self._push(t, peer, z, share, state)
@@ -100,8 +104,9 @@ class SGP(_OnGraph):
         arrived = t.poll(PUSH)
         if ctx.last_step:
             assert ctx.total_steps is not None
-            arrived += [t.wait_message(PUSH) for _ in range(
-                self._expected(t.rank, ctx.total_steps) - self._received - len(arrived))]
+            steps, polled = ctx.total_steps, len(arrived)
+            arrived += await_messages(t, PUSH, lambda: self._expected(t, steps) -
+                                      self._received - polled)
         self._received += len(arrived)
         for src, payload in self._in_order(arrived, state):
             weight = payload.pop("weight")
@@ -116,7 +121,7 @@ class SGP(_OnGraph):
             # the result off (sgp on a ring with a 3x straggler: 0.29 accuracy against 0.7)
             x, w = x / w, torch.ones_like(w)
             t.all_reduce(x)
-            x /= t.world_size
+            x /= len(t.members())
         state["weight"] = w
         ctx.stats["staleness"] = 0
         assign(params, (x / w).to(z.dtype))
@@ -126,7 +131,7 @@ class SGP(_OnGraph):
         `state["held"]` and are mixed in at the next step."""
         t = ctx.transport
         arrived = t.poll(PUSH)
-        due = self._expected(t.rank, ctx.step) - self._received - len(arrived)
+        due = self._expected(t, ctx.step) - self._received - len(arrived)
         arrived += [t.wait_message(PUSH) for _ in range(due)]
         self._received += len(arrived)
         self._hold(arrived, state)
@@ -177,17 +182,20 @@ class SGP(_OnGraph):
             held[(src, int(payload.pop("number")))] = payload
         return held
 
-    def _expected(self, rank: int, steps: int) -> int:
+    def _expected(self, t, steps: int) -> int:
         """Shares this worker receives in the first `steps` steps (the graph is known in
-        advance)."""
+        advance; a lost peer sent none from the step it left at)."""
         assert self.topology is not None
-        return sum(len(self.topology.in_neighbors(rank, s)) for s in range(steps))
+        left = {r: step for r, (step, _) in t.departed().items()}
+        return sum(1 for s in range(steps) for p in self.topology.in_neighbors(t.rank, s)
+                   if left.get(p, steps) > s)
 
 
 class ADPSGD(_OnGraph):
     name = "adpsgd"
     DRAINS_AT_END = True  # answers and collects every exchange still out (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
+    CARRIES_ON = CODEC_KINDS  # an exchange with a lost peer is given up
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "rotate": Option(bool, False, doc="rotate partners (GossipGraD)"), **END_OPTIONS}
 
@@ -210,8 +218,8 @@ class ADPSGD(_OnGraph):
         self._codec = ctx.compressor
         self._rng = random.Random(ctx.transport.rank)
         self._asked = [0] * ctx.transport.world_size  # requests sent to each rank
-        self._awaiting = 0  # answers still due to this worker
-        self._answered = 0  # requests this worker has answered
+        self._waiting_on: int | None = None  # the peer whose answer is due to this worker
+        self._answered = [0] * ctx.transport.world_size  # requests answered, by requester
         if self._codec.kind == "exact":  # no copies to keep
             return {"copies": {}}
         # every replica starts here: the pairs' copies of the requesters begin as this
@@ -220,6 +228,8 @@ class ADPSGD(_OnGraph):
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         t = ctx.transport
         x = flatten(params)
+        if self._waiting_on in t.departed():
+            self._waiting_on = None  # lost: its answer will never come
         for src, m in t.poll(PAIR):
             x = self._take(t, src, m, x, state)
         if ctx.last_step:
@@ -227,9 +237,9 @@ class ADPSGD(_OnGraph):
             if self.average_at_end:
                 x = x.clone()
                 t.all_reduce(x)
-                x /= t.world_size
-        elif t.rank % 2 == 0 and t.world_size > 1 and not self._awaiting:
-            peer = self._partner(t.rank, ctx.step)
+                x /= len(t.members())
+        elif t.rank % 2 == 0 and self._waiting_on is None and self._partners(t, ctx.step):
+            peer = self._partner(t, ctx.step)
             if self._codec.kind == "exact":  # x itself: no copy to keep
                 payload = pack(self._codec.compress(x))
             else:
@@ -238,7 +248,7 @@ class ADPSGD(_OnGraph):
                 copy += decode_buffer(self._codec, payload, x, t.rank)
             t.post(_tagged(REQUEST, payload), peer, PAIR)
             self._asked[peer] += 1
-            self._awaiting += 1
+            self._waiting_on = peer
         assign(params, x)
 
     def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
@@ -247,11 +257,11 @@ class ADPSGD(_OnGraph):
         assign(params, self._drain(ctx.transport, flatten(params), state))
 
     def in_flight_state(self) -> dict[str, Any]:
-        return {"asked": list(self._asked), "answered": self._answered,
+        return {"asked": list(self._asked), "answered": list(self._answered),
                 "rng": self._rng.getstate()}
 
     def load_in_flight(self, saved: dict[str, Any]) -> None:
-        self._asked, self._answered = list(saved["asked"]), saved["answered"]
+        self._asked, self._answered = list(saved["asked"]), list(saved["answered"])
         self._rng.setstate(saved["rng"])
 
     def _take(self, t, src: int, m: torch.Tensor, x: torch.Tensor,
@@ -270,26 +280,42 @@ class ADPSGD(_OnGraph):
             if copy is not None:
                 copy -= d
             t.post(_tagged(ANSWER, answer), src, PAIR)
-            self._answered += 1
+            self._answered[src] += 1
             return x + d
-        self._awaiting -= 1
+        if src != self._waiting_on:
+            return x  # the answer of an exchange given up (this worker thought src lost)
+        self._waiting_on = None
         d = decode_buffer(codec, payload, x, src)
         if copy is not None:
             copy -= d
         return x - d
 
     def _drain(self, t, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
-        """Collective: answer every request still coming and collect every answer due."""
+        """Collective: answer every request still coming from a live peer and collect
+        every answer due."""
         asked = torch.tensor(self._asked, dtype=torch.float64, device=x.device)
-        t.all_reduce(asked)
-        while self._answered < int(asked[t.rank]) or self._awaiting > 0:
-            src, m = t.wait_message(PAIR)
+        t.all_reduce(asked)  # among the survivors: a lost worker's requests are not waited for
+        while True:
+            gone = t.departed()
+            if self._waiting_on in gone:
+                self._waiting_on = None
+            answered = sum(n for r, n in enumerate(self._answered) if r not in gone)
+            if answered >= int(asked[t.rank]) and self._waiting_on is None:
+                return x
+            try:
+                src, m = t.wait_message(PAIR)
+            except PeerLost:
+                continue
             x = self._take(t, src, m, x, state)
-        return x
 
-    def _partner(self, rank: int, step: int) -> int:
+    def _partners(self, t, step: int) -> list[int]:
+        """The odd neighbours this even rank may ask at `step`, lost ones left out."""
         assert self.topology is not None
-        peers = [p for p in self.topology.out_neighbors(rank, step) if p % 2]
+        gone = t.departed()
+        return [p for p in self.topology.out_neighbors(t.rank, step) if p % 2 and p not in gone]
+
+    def _partner(self, t, step: int) -> int:
+        peers = self._partners(t, step)
         return peers[step % len(peers)] if self.rotate else self._rng.choice(peers)
 
 

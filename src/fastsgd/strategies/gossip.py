@@ -26,8 +26,10 @@ from fastsgd.compress.wire import pack
 from fastsgd.errors import UserError
 from fastsgd.options import Configurable, Option, at_least, between, one_of
 from fastsgd.strategies.base import Context
+from fastsgd.strategies.membership import gone_at, healed_weights
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.topology import TOPOLOGIES, Topology, build_topology
+from fastsgd.transport.base import PeerLost
 
 Params = list[torch.nn.Parameter]
 
@@ -88,6 +90,7 @@ class _OnGraph(Configurable, section="strategy"):
 class DPSGD(_OnGraph):
     name = "dpsgd"
     CODEC_KINDS = ("exact", "quantize", "sparse")
+    CARRIES_ON = ("exact",)  # without lost workers (membership.py); CHOCO's copies do not
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "gamma": Option(float, 0.5, between(0, 1), "CHOCO step (lossy codecs only)")}
 
@@ -139,12 +142,29 @@ def choco(local: torch.Tensor, public: dict[int, torch.Tensor], topology: Topolo
 
 def mix(local: torch.Tensor, topology: Topology, ctx: Context) -> torch.Tensor:
     """One synchronous gossip round: send `local` to the out-neighbours, return the weighted
-    sum over the closed in-neighbourhood."""
+    sum over the closed in-neighbourhood. Without the workers known to be lost (the graph
+    closes around them, membership.py); a neighbour found lost during the exchange is
+    replaced, and the exchange completed with its replacement."""
     t, step = ctx.transport, ctx.step
-    weights = topology.weights(t.rank, step)
-    received = {peer: torch.empty_like(local) for peer, _ in weights if peer != t.rank}
-    t.exchange([(peer, local) for peer in topology.out_neighbors(t.rank, step)],
-               list(received.items()))
+    sent: set[int] = set()
+    received: dict[int, torch.Tensor] = {}
+    while True:
+        gone = gone_at(t, step)
+        weights = healed_weights(topology, t.rank, step, gone)
+        outs = ([p for p in topology.out_neighbors(t.rank, step) if p not in gone]
+                if topology.directed else [p for p, _ in weights if p != t.rank])
+        incoming = {p: torch.empty_like(local) for p, _ in weights
+                    if p != t.rank and p not in received}
+        try:
+            t.exchange([(p, local) for p in outs if p not in sent], list(incoming.items()))
+        except PeerLost as lost:
+            for p in lost.peers:
+                del incoming[p]
+            continue
+        finally:
+            sent.update(outs)
+            received.update(incoming)
+        break
     # summed in place, in the order of `weights`, into the first term (which is not read
     # again): no zero-filled vector, one model-sized buffer less per simulated worker
     mixed: torch.Tensor | None = None

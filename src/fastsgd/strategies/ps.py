@@ -38,6 +38,7 @@ from fastsgd.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment, queue_staleness
+from fastsgd.transport.base import PeerLost
 
 Params = list[torch.nn.Parameter]
 PUSH, FETCH, PARAMS = 31, 32, 33
@@ -47,6 +48,7 @@ class ParameterServer(Configurable, section="strategy"):
     name = "ps"
     DRAINS_AT_END = True  # a final push and fetch, waited for (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
+    CARRIES_ON = CODEC_KINDS  # a server forgets a lost worker (not a lost server)
     OPTIONS = {
         "n_push": Option(int, 1, at_least(1), "steps between pushes"),
         "n_fetch": Option(int, 1, at_least(1), "steps between fetches"),
@@ -79,10 +81,10 @@ class ParameterServer(Configurable, section="strategy"):
         # synchronous SGD averages them, so it applies each push at 1/n (staleness_lr:
         # 1/staleness instead); n workers updating it asynchronously bring the implicit
         # momentum 1 - 1/n, taken off the workers' explicit momentum
-        self._push_scale = 1.0 / t.world_size if self.adapt_optimizer else 1.0
         if self.adapt_optimizer:
             Adjustment(staleness=queue_staleness(t.world_size)).apply(ctx.optimizer)
         t.start_messages()
+        self._transport = t
         shards = [flat[part].clone() for part in self._slices]
         state: dict[str, Any] = {}
         if codec.kind != "exact":  # what we hold back of each push, what each server told us
@@ -95,26 +97,30 @@ class ParameterServer(Configurable, section="strategy"):
                 state["told"] = [shards[t.rank].clone() for _ in range(t.world_size)]
             self._lock = threading.Lock()
             t.serve(PUSH, lambda src, m: self._apply_push(state, src, m))
-            self._final: list[int] = []  # workers whose final fetch waits for the others
+            self._final: set[int] = set()  # workers whose final fetch waits for the others
+            self._final_answered = False
             t.serve(FETCH, lambda src, m: self._on_fetch(t, state, src, bool(m[0])))
         return state
 
     # ---- the server role ----------------------------------------------------------------
     def _apply_push(self, state: dict[str, Any], src: int, message: torch.Tensor) -> None:
         delta, based_on = receive(self._codec, message, state["shard"], src)
+        n = len(self._transport.members())  # a lost worker is forgotten: 1/survivors
         with self._lock:
             staleness = int(state["version"]) - based_on
-            scale = 1.0 / max(1, staleness) if self.staleness_lr else self._push_scale
+            scale = (1.0 / max(1, staleness) if self.staleness_lr
+                     else 1.0 / n if self.adapt_optimizer else 1.0)
             state["shard"].add_(delta, alpha=scale)
             state["version"] += 1
 
     def _on_fetch(self, t, state: dict[str, Any], src: int, final: bool) -> None:
         if not final:
             return self._answer_fetch(t, state, src)
-        with self._lock:
-            self._final.append(src)
-            waiting = list(self._final) if len(self._final) == t.world_size else []
-        for worker in waiting:
+        with self._lock:  # (a worker asks again after a loss: the survivors may be all in)
+            self._final.add(src)
+            done = self._final_answered or not set(t.members()) <= self._final
+            self._final_answered = self._final_answered or not done
+        for worker in [] if done else sorted(self._final):
             self._answer_fetch(t, state, worker)
 
     def _answer_fetch(self, t, state: dict[str, Any], src: int) -> None:
@@ -150,11 +156,21 @@ class ParameterServer(Configurable, section="strategy"):
                 self._asked[k].append(self._pushed[part].clone())
                 t.post(torch.full((1,), float(last)), k, FETCH)
         if last:
-            due = sum(len(q) for q in self._asked)
-            local = self._take_replies(local, [t.wait_message(PARAMS) for _ in range(due)],
-                                       step, state)
+            local = self._take_replies(local, self._final_replies(t), step, state)
         ctx.stats["staleness"] = step - self._last_fetch
         assign(params, local)
+
+    def _final_replies(self, t) -> list[tuple[int, torch.Tensor]]:
+        """Every answer due; when a worker is found lost meanwhile, the final fetches are
+        sent again, so that a server waiting for the lost one's sees its survivors all in."""
+        due, replies = sum(len(q) for q in self._asked), []
+        while len(replies) < due:
+            try:
+                replies.append(t.wait_message(PARAMS))
+            except PeerLost:
+                for k in range(self.servers):
+                    t.post(torch.ones(1), k, FETCH)
+        return replies
 
     def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         """Before a checkpoint: one more fetch from every server, all answers waited for.

@@ -12,6 +12,18 @@ from typing import Protocol, runtime_checkable
 import torch
 
 
+class PeerLost(RuntimeError):
+    """A peer this worker waited for has left the run (it crashed): `peers` are the ranks.
+    Raised by `recv`, `exchange` (after every other transfer of the exchange is done) and
+    `wait_message` (when a departure became known while it waited, so that the caller can
+    count again what it still expects)."""
+
+    def __init__(self, peers: list[int]):
+        super().__init__(f"worker{'s' if len(peers) > 1 else ''} "
+                         f"{', '.join(map(str, peers))} left the run")
+        self.peers = peers
+
+
 class Handle(Protocol):
     """An operation in flight; `wait()` returns once its result is in place."""
 
@@ -81,6 +93,15 @@ class Transport(Protocol):
 
     def wait_message(self, tag: int) -> tuple[int, torch.Tensor]:
         """Block until a message with `tag` arrives; return (source rank, flat tensor)."""
+        ...
+
+    def members(self) -> list[int]:
+        """The ranks this worker counts as alive, in order; collectives run among them."""
+        ...
+
+    def departed(self) -> dict[int, tuple[int, float]]:
+        """The workers known to have left: rank -> (the step it left at, the time in seconds
+        it was lost). A worker that left at step k took part in steps 0..k-1 only."""
         ...
 
     def now(self) -> float:

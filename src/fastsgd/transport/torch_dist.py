@@ -254,6 +254,12 @@ class TorchTransport:
     def _count_received(self, size: int) -> None:
         self._count(0, size)
 
+    def members(self) -> list[int]:
+        return list(range(self.world_size))  # a dead peer stops the run (supervise.py)
+
+    def departed(self) -> dict[int, tuple[int, float]]:
+        return {}
+
     def now(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -8,20 +8,25 @@ from typing import Any
 import torch
 
 from fastsgd.transport.sim.compute import ComputeModel, Heterogeneity
+from fastsgd.transport.sim.faults import Faults
 from fastsgd.transport.sim.network import Network, parse_bandwidth, parse_seconds
 from fastsgd.transport.sim.scheduler import Scheduler, SimAborted
 from fastsgd.transport.sim.trace import Trace, load_trace
 from fastsgd.transport.sim.transport import SimFabric, SimTransport
 
-__all__ = ["ComputeModel", "Heterogeneity", "Network", "SimAborted", "SimTransport", "Trace",
-           "load_trace", "parse_bandwidth", "parse_seconds", "simulate"]
+__all__ = ["ComputeModel", "Faults", "Heterogeneity", "Network", "SimAborted", "SimTransport",
+           "Trace", "load_trace", "parse_bandwidth", "parse_seconds", "simulate"]
 
 
 def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Network | None = None,
-             compute: ComputeModel | None = None) -> list[Any]:
-    """Run `fn(transport)` for each of `world_size` logical workers; return their results.
+             compute: ComputeModel | None = None, faults: Faults | None = None,
+             on_death: Callable[[dict[int, int]], None] | None = None) -> list[Any]:
+    """Run `fn(transport)` for each of `world_size` logical workers; return their results
+    (None for a worker that crashed).
 
-    `compute` says how long computing takes (default: the wall time it took, measured).
+    `compute` says how long computing takes (default: the wall time it took, measured);
+    `faults`, which workers crash (faults.py); `on_death(dead)` is called at each crash with
+    every crashed rank and the step it left at.
     """
     compute = compute or ComputeModel()
     network = network or Network()
@@ -31,7 +36,9 @@ def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Networ
     factors = None if compute.deterministic else [compute.factor(r, 0, 0)
                                                   for r in range(world_size)]
     scheduler = Scheduler(world_size, factors)
-    fabric = SimFabric(world_size, network, scheduler, compute)
+    fabric = SimFabric(world_size, network, scheduler, compute, faults)
+    if on_death is not None:
+        fabric.on_death.append(lambda: on_death(dict(fabric.membership.dead)))
     transports = [SimTransport(r, fabric) for r in range(world_size)]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one worker computes at a time; a team per thread would thrash

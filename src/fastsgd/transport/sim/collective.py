@@ -23,6 +23,8 @@ class Collective:
     arrival: int = 0
     end: int | None = None
     waiting: set[int] = field(default_factory=set)
+    ranks: set[int] = field(default_factory=set)  # who has arrived
+    started: bool = False  # every survivor is in: it runs, and ends at `end`
 
 
 def fold(op: Collective, rank: int, tensor: torch.Tensor) -> None:

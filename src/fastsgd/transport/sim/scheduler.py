@@ -35,6 +35,11 @@ class SimAborted(Exception):
     """Raised inside a worker when the simulation stops because another worker failed."""
 
 
+class Crashed(SimAborted):
+    """Raised inside a worker when its crash (faults.py) takes effect: it ends quietly, and
+    the others go on."""
+
+
 @dataclass
 class _Worker:
     rank: int
@@ -185,6 +190,8 @@ class Scheduler:
             self._main.switch()  # back to `run` until the worker's first turn
             torch.set_grad_enabled(grad)
             results[w.rank] = fn()
+        except Crashed:
+            pass
         except SimAborted:
             return
         except BaseException as e:  # noqa: BLE001 - handed to the caller of run()

@@ -17,6 +17,7 @@ import torch
 from fastsgd.transport.base import (
     Done,
     Handle,
+    PeerLost,
     nbytes,
     ring_allgather_bytes,
     ring_allreduce_bytes,
@@ -25,6 +26,7 @@ from fastsgd.transport.base import (
 from fastsgd.transport.frames import frame_bytes
 from fastsgd.transport.sim.collective import Collective, fold
 from fastsgd.transport.sim.compute import ComputeModel, to_ns
+from fastsgd.transport.sim.faults import Crashed, Faults, Membership
 from fastsgd.transport.sim.links import Links
 from fastsgd.transport.sim.network import Network
 from fastsgd.transport.sim.scheduler import Scheduler
@@ -34,7 +36,7 @@ class SimFabric:
     """What the workers of one simulated cluster share: the scheduler, the network, queues."""
 
     def __init__(self, world_size: int, network: Network, scheduler: Scheduler,
-                 compute: ComputeModel):
+                 compute: ComputeModel, faults: Faults | None = None):
         self.world_size = world_size
         self.network, self.compute = network, compute
         self.scheduler = scheduler
@@ -44,11 +46,15 @@ class SimFabric:
         self.server_free = [0] * world_size  # when each worker's message handler is free
         self.inbox: dict[tuple[int, int], deque[torch.Tensor]] = defaultdict(deque)
         self.receiving: dict[int, int] = {}  # rank -> src it blocks on
+        self.in_transit: dict[tuple[int, int], int] = defaultdict(int)  # (src, dst) -> sends
         self.mail: dict[tuple[int, int], deque[tuple[int, torch.Tensor]]] = defaultdict(deque)
         self.awaiting: dict[int, int] = {}  # rank -> message tag it blocks on
         self.handlers: dict[tuple[int, int], Callable[[int, torch.Tensor], None]] = {}
         self.handling_at: int | None = None  # set while a handler runs (scheduler thread)
         self.shared: dict[str, torch.Tensor] = {}
+        self.membership = Membership(faults or Faults())
+        self.news: dict[int, int] = {}  # rank -> the departure that woke it
+        self.on_death: list[Callable[[], None]] = []  # e.g. the observer counting again
 
     def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: Callable[[], int],
                combine: str | int) -> Collective:
@@ -57,14 +63,50 @@ class SimFabric:
         if op is None:
             op = self.collectives[seq] = Collective(duration(), combine)
         fold(op, rank, tensor.detach())
+        op.ranks.add(rank)
         op.arrival = max(op.arrival, self.scheduler.now(rank))
-        if op.count == self.world_size:
-            if op.combine == "gather":
-                op.result = torch.stack([op.parts.pop(r) for r in range(self.world_size)])
-            finish = max(op.arrival, self.collectives_free) + op.duration
-            self.collectives_free = finish
-            self.scheduler.at(finish, lambda: self._complete(seq, op, finish))
+        self._start_if_all_in(seq, op)
         return op
+
+    def _start_if_all_in(self, seq: int, op: Collective, not_before: int = 0) -> None:
+        """Once every worker not known to be lost has arrived, the collective runs (among
+        the survivors: a worker lost before it came is waited for until the loss is known,
+        at `not_before`)."""
+        known = self.membership.known
+        if op.started or len(op.ranks - known.keys()) < self.world_size - len(known):
+            return
+        if op.ranks & known.keys():
+            raise RuntimeError(f"collective {seq}: worker(s) {sorted(op.ranks & known.keys())} "
+                               "took part and were lost before it completed")
+        op.started = True
+        if op.combine == "gather":  # the survivors' tensors, in rank order
+            op.result = torch.stack([op.parts.pop(r) for r in sorted(op.parts)])
+        finish = max(op.arrival, self.collectives_free, not_before) + op.duration
+        self.collectives_free = finish
+        self.scheduler.at(finish, lambda: self._complete(seq, op, finish))
+
+    def crash(self, rank: int, step: int) -> None:
+        """Worker `rank` crashes now (faults.py); the survivors learn it `detect` later."""
+        now = self.scheduler.now(rank)
+        self.membership.die(rank, step, now)
+        for action in self.on_death:
+            action()
+        when = now + self.membership.faults.detect_ns
+        self.scheduler.at(when, lambda: self._learn(rank, when))
+
+    def _learn(self, lost: int, when: int) -> None:
+        """Every survivor now knows: those blocked on `lost`, or waiting for any message,
+        wake (PeerLost); collectives waiting for it go on without it."""
+        self.membership.learn(lost)
+        blocked = [r for r, src in self.receiving.items()
+                   if src == lost and not self.in_transit[(lost, r)]] + list(self.awaiting)
+        for rank in sorted(blocked):
+            self.receiving.pop(rank, None)
+            self.awaiting.pop(rank, None)
+            self.news[rank] = lost
+            self.scheduler.wake(rank, when)
+        for seq, op in sorted(self.collectives.items()):
+            self._start_if_all_in(seq, op, when)
 
     def state(self) -> dict:
         """What a resumed simulation needs of the cluster at a quiet point (a checkpoint's
@@ -91,7 +133,7 @@ class SimFabric:
     def price(self, kind: str, size: int) -> int:
         """Nanoseconds a collective takes: its algorithm on the network (network.py), plus a
         retransmission timeout for each round of messages that loses one (TCP)."""
-        n, net = self.world_size, self.network
+        n, net = self.world_size - len(self.membership.known), self.network
         seconds, rounds = {"allreduce": (net.allreduce_time, 2 * (n - 1)),
                            "allgather": (net.allgather_time, n - 1),
                            "broadcast": (net.broadcast_time, (n - 1).bit_length())}[kind]
@@ -110,6 +152,8 @@ class SimFabric:
         size = nbytes(tensor) if tag is None else frame_bytes(tensor)
         now = self.scheduler.now(src) if self.handling_at is None else self.handling_at
         payload = tensor.detach().clone() if tag is None else tensor.detach().reshape(-1).clone()
+        if tag is None:
+            self.in_transit[(src, dst)] += 1
         if src == dst:
             self.scheduler.at(now, lambda: self._file(src, dst, tag, payload, now))
             return
@@ -124,7 +168,12 @@ class SimFabric:
 
     def _file(self, src: int, dst: int, tag: int | None, payload: torch.Tensor,
               arrival: int) -> None:
-        """A message arrives: to its handler, or queued, waking dst if it waits for it."""
+        """A message arrives: to its handler, or queued, waking dst if it waits for it.
+        A message to a worker that has crashed is lost."""
+        if tag is None:
+            self.in_transit[(src, dst)] -= 1
+        if not self.membership.alive(dst):
+            return
         handler = self.handlers.get((dst, tag)) if tag is not None else None
         if handler is not None:
             # the handler works on dst's behalf, one message after another; its replies
@@ -215,9 +264,14 @@ class SimTransport:
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         queue = self.fabric.inbox[(src, self.rank)]  # empty: block, which runs what is due
-        if not queue:
+        fabric = self.fabric
+        coming = src not in fabric.membership.known or fabric.in_transit[(src, self.rank)]
+        if not queue and coming:
             self.fabric.receiving[self.rank] = src
             self.scheduler.block(self.rank)
+            self.fabric.news.pop(self.rank, None)
+        if not queue:
+            raise PeerLost([src])
         tensor.copy_(queue.popleft())
         self._received(nbytes(tensor))
 
@@ -232,8 +286,14 @@ class SimTransport:
         n = self.world_size
         for dst, tensor in sorted(outgoing, key=lambda m: (m[0] - self.rank) % n):
             self.send(tensor, dst)
+        lost = []
         for src, buffer in incoming:
-            self.recv(buffer, src)
+            try:
+                self.recv(buffer, src)
+            except PeerLost:
+                lost.append(src)
+        if lost:
+            raise PeerLost(lost)
 
     def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """One tensor for all the simulated workers (they share one process)."""
@@ -270,9 +330,24 @@ class SimTransport:
         if not queue:
             self.fabric.awaiting[self.rank] = tag
             self.scheduler.block(self.rank)
+            lost = self.fabric.news.pop(self.rank, None)
+            if not queue:  # woken by a departure: the caller counts again
+                assert lost is not None
+                raise PeerLost([lost])
         src, payload = queue.popleft()
         self._received(frame_bytes(payload))
         return src, payload
+
+    def members(self) -> list[int]:
+        fabric = self.fabric  # (a handler sees what happened before its own time)
+        if fabric.membership.faults and fabric.handling_at is None:
+            self.scheduler.yield_(self.rank)  # what happened before this worker's clock
+        known = self.fabric.membership.known
+        return [r for r in range(self.world_size) if r not in known]
+
+    def departed(self) -> dict[int, tuple[int, float]]:
+        membership = self.fabric.membership
+        return {r: (membership.dead[r], membership.when[r]) for r in membership.known}
 
     def now(self) -> float:
         return self.scheduler.now(self.rank) / 1e9
@@ -288,6 +363,9 @@ class SimTransport:
         """Charge the compute model's time for `phase` of `step` (see compute.py)."""
         model, rank = self.fabric.compute, self.rank
         now = self.scheduler.now(rank)
+        if phase == "update" and self.fabric.membership.crash_due(rank, now, step):
+            self.fabric.crash(rank, step)  # after its optimizer step, before it exchanges
+            raise Crashed()
         if not model.deterministic:
             self.scheduler.set_wall_factor(rank, model.factor(rank, step, now))
             return

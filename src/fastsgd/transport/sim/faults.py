@@ -1,0 +1,126 @@
+"""Workers that crash in a simulated cluster (`[faults]`), and who knows it when.
+
+A crash is fail-stop: worker r's crash at virtual time T (`at = "10s"`) or at step s
+(`step = 10`) takes effect at the first point after it where r has made its optimizer step
+and not yet exchanged parameters (the `update` phase): everything r sent before stays on
+the wire and arrives; r sends nothing more. r has *left at step k*: it took part in steps
+0..k-1 and in the gradient exchange of step k, and in no parameter exchange from step k on.
+
+The survivors learn of it `detect` later (a heartbeat timeout), all at that same virtual
+instant, as from a membership service: (r, k) becomes part of every survivor's view. A
+worker blocked on r, or waiting for messages, wakes then with `PeerLost`; a collective that
+waits for r completes among the survivors. Messages to a dead worker are dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastsgd.errors import ConfigError
+from fastsgd.transport.sim.compute import to_ns
+from fastsgd.transport.sim.scheduler import Crashed
+from fastsgd.units import parse_seconds
+
+
+@dataclass(frozen=True)
+class Crash:
+    worker: int
+    at_ns: int | None = None  # virtual time
+    step: int | None = None  # or a step count
+
+    def due(self, now_ns: int, step: int) -> bool:
+        if self.step is not None:
+            return step >= self.step
+        assert self.at_ns is not None
+        return now_ns >= self.at_ns
+
+
+@dataclass
+class Faults:
+    crashes: dict[int, Crash] = field(default_factory=dict)
+    detect_ns: int = 1_000_000_000
+
+    @classmethod
+    def parse(cls, section: dict, world_size: int) -> Faults:
+        """The `[faults]` section; every mistake is one line naming the key."""
+        detect = to_ns(parse_seconds(section.get("detect", "1s"), "faults.detect"))
+        crashes: dict[int, Crash] = {}
+        for i, entry in enumerate(section.get("crash", [])):
+            crash = _crash(entry, f"faults.crash[{i}]", world_size)
+            if crash.worker in crashes:
+                raise ConfigError(f"faults.crash[{i}]: worker {crash.worker} crashes twice")
+            crashes[crash.worker] = crash
+        if crashes and len(crashes) >= world_size:
+            raise ConfigError(f"faults.crash: all {world_size} workers crash; at least one "
+                              "must survive")
+        return cls(crashes, detect)
+
+    def __bool__(self) -> bool:
+        return bool(self.crashes)
+
+    def check_run(self, strategy: object, codec: object, config: dict) -> None:
+        """Refuse, in one line, what cannot carry on after a crash yet."""
+        if not self:
+            return
+        name, kind = getattr(strategy, "name", "?"), getattr(codec, "kind", "exact")
+        kinds = getattr(strategy, "CARRIES_ON", ())
+        if kind not in kinds:
+            what = "" if not kinds else f" with compression.name = '{codec.name}'"
+            raise ConfigError(f"faults.crash: strategy.name = '{name}'{what} does not carry "
+                              "on without a lost worker yet (docs/simulator.md, \"Faults\")")
+        first = sorted(self.crashes)[0]
+        if first == 0:
+            raise ConfigError("faults.crash: worker 0 writes the run's results and cannot "
+                              "crash yet; crash another worker")
+        servers = getattr(strategy, "servers", 0) if name == "ps" else 0
+        if first < servers:
+            raise ConfigError(f"faults.crash: worker {first} holds a parameter server shard "
+                              f"(strategy.servers = {servers}); crash a worker >= {servers}")
+        if config["run"]["checkpoint_every"]:
+            raise ConfigError("faults.crash: runs with crashes cannot be checkpointed yet; "
+                              "set run.checkpoint_every = 0")
+
+
+def _crash(entry: object, key: str, world_size: int) -> Crash:
+    if not isinstance(entry, dict) or set(entry) - {"worker", "at", "step"}:
+        raise ConfigError(f'{key} must be a table like {{worker = 3, at = "10s"}} or '
+                          "{worker = 3, step = 500}")
+    worker = entry.get("worker")
+    if not isinstance(worker, int) or isinstance(worker, bool) or not 0 <= worker < world_size:
+        raise ConfigError(f"{key}.worker must be a worker rank in 0..{world_size - 1}, "
+                          f"got {worker!r}")
+    if ("at" in entry) == ("step" in entry):
+        raise ConfigError(f"{key} needs exactly one of at (a time) or step")
+    if "step" in entry:
+        step = entry["step"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ConfigError(f"{key}.step must be a step count >= 0, got {step!r}")
+        return Crash(worker, step=step)
+    return Crash(worker, at_ns=to_ns(parse_seconds(entry["at"], f"{key}.at")))
+
+
+__all__ = ["Crash", "Crashed", "Faults", "Membership"]
+
+
+class Membership:
+    """Who has crashed (the truth) and who the survivors know has (their view)."""
+
+    def __init__(self, faults: Faults):
+        self.faults = faults
+        self.dead: dict[int, int] = {}  # rank -> step it left at
+        self.known: dict[int, int] = {}  # the part of `dead` the survivors have learnt
+        self.when: dict[int, float] = {}  # rank -> virtual time of its crash (s)
+
+    def crash_due(self, rank: int, now_ns: int, step: int) -> bool:
+        crash = self.faults.crashes.get(rank)
+        return crash is not None and rank not in self.dead and crash.due(now_ns, step)
+
+    def die(self, rank: int, step: int, now_ns: int) -> None:
+        self.dead[rank] = step
+        self.when[rank] = now_ns / 1e9
+
+    def learn(self, rank: int) -> None:
+        self.known[rank] = self.dead[rank]
+
+    def alive(self, rank: int) -> bool:
+        return rank not in self.dead

@@ -1,0 +1,110 @@
+"""Workers that crash in the simulator ([faults]): the survivors carry on (gossip, push-sum,
+a parameter server) or shrink (allreduce), deterministically, and the summary lists the
+lost workers (docs/simulator.md, "Faults")."""
+
+import json
+
+import pytest
+
+import fastsgd as fs
+from fastsgd.data import load_dataset
+from fastsgd.errors import ConfigError
+
+FILES = ("model.pt", "metrics.jsonl", "eval.jsonl")
+CASES = {  # name: strategy options
+    "allreduce": {"strategy.name": "allreduce"},
+    "dpsgd-ring": {"strategy.name": "dpsgd", "strategy.topology": "ring"},
+    "dpsgd-torus": {"strategy.name": "dpsgd", "strategy.topology": "torus"},
+    "sgp": {"strategy.name": "sgp"},
+    "adpsgd": {"strategy.name": "adpsgd"},
+    "ps": {"strategy.name": "ps"},
+}
+CRASHES = [{"worker": 3, "step": 40}, {"worker": 6, "at": "200ms"}]
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits", seed=0)
+
+
+def _simulate(digits, out, **options):
+    options = {"run.steps": 120, "run.eval_every": 30, "data.batch_size": 16,
+               "compute.model": "fixed", "compute.step_time": "3ms",
+               "faults.crash": CRASHES,
+               "faults.detect": "50ms", "run.out": str(out), **options}
+    return fs.Job(model="mlp", data=digits, options=options, quiet=True).simulate(8)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_survivors_carry_on_and_repeat_bitwise(case, digits, tmp_path):
+    first = _simulate(digits, tmp_path / "a", **CASES[case])
+    lost = first.summary["lost_workers"]
+    assert [w["worker"] for w in lost] == [3, 6]
+    assert lost[0]["step"] == 40 and 40 < lost[1]["step"] < 120, lost
+    assert first.summary["final_accuracy"] > 0.85, first.summary["final_accuracy"]
+    evals = [json.loads(line)["step"] for line in (first.run_dir / "eval.jsonl").open()]
+    assert evals == [30, 60, 90, 120]  # steps after a loss are evaluated without the lost
+    ranks_after = {json.loads(line)["rank"] for line in (first.run_dir / "metrics.jsonl").open()
+                   if json.loads(line)["step"] > 110}
+    assert ranks_after == {0, 1, 2, 4, 5, 7}
+    second = _simulate(digits, tmp_path / "b", **CASES[case])
+    for name in FILES:
+        assert (first.run_dir / name).read_bytes() == (second.run_dir / name).read_bytes(), name
+
+
+def test_allreduce_survivors_wait_for_the_detection_then_agree(digits, tmp_path):
+    """The step after the crash waits `detect` for the lost worker, no longer; the shrunk
+    group averages over the survivors, so the replicas stay identical."""
+    result = _simulate(digits, tmp_path, **{"strategy.name": "allreduce",
+                                            "faults.crash": [{"worker": 3, "step": 40}],
+                                            "faults.detect": "2s"})
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
+    waits = {r["step"]: r["aggregation"] for r in rows if r["rank"] == 0}
+    assert 1.99 < waits[42] < 2.01  # step index 41: the first all-reduce without worker 3,
+    # which crashed a forward and backward before it (3 ms) and is known lost 2 s after
+    assert max(w for s, w in waits.items() if s != 42) < 0.01
+    assert result.summary["consensus_distance"] == 0
+
+
+def test_a_gossip_ring_waits_only_where_the_gap_is(digits, tmp_path):
+    """dpsgd on a ring: the lost worker's neighbours wait `detect` and close the ring;
+    workers further away go on until they need their neighbours' next step."""
+    result = _simulate(digits, tmp_path, **{"strategy.name": "dpsgd",
+                                            "faults.crash": [{"worker": 3, "step": 40}],
+                                            "faults.detect": "2s"})
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
+    first_wait = {r["rank"]: r["step"] for r in sorted(rows, key=lambda r: r["step"])[::-1]
+                  if r["aggregation"] > 1.9}
+    assert first_wait[2] == first_wait[4] == 41  # the gap's neighbours, at once
+    assert first_wait[1] == first_wait[5] == 42  # one step later, one hop further
+    assert result.summary["final_accuracy"] > 0.85
+
+
+@pytest.mark.parametrize("crash, message", [
+    ([{"worker": 9, "step": 1}], "faults.crash[0].worker must be a worker rank in 0..7"),
+    ([{"worker": 2}], "faults.crash[0] needs exactly one of at (a time) or step"),
+    ([{"worker": 2, "at": "1s", "step": 3}], "needs exactly one of"),
+    ([{"worker": 2, "at": "soon"}], "faults.crash[0].at"),
+    ([{"worker": 2, "step": -1}], "faults.crash[0].step must be a step count >= 0"),
+    ([{"worker": 2, "when": "1s"}], "faults.crash[0] must be a table like"),
+    ([{"worker": 2, "step": 1}, {"worker": 2, "step": 5}], "worker 2 crashes twice"),
+    ([{"worker": r, "step": 1} for r in range(8)], "all 8 workers crash"),
+    ([{"worker": 0, "step": 1}], "worker 0 writes the run's results"),
+])
+def test_bad_faults_are_one_line(crash, message, digits, tmp_path):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")
+                       .replace("(", r"\(").replace(")", r"\)")):
+        _simulate(digits, tmp_path / "run", **{"faults.crash": crash})
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"strategy.name": "ssp"}, "strategy.name = 'ssp' does not carry on"),
+    ({"strategy.name": "allreduce", "compression.name": "topk"},
+     "with compression.name = 'topk' does not carry on"),
+    ({"strategy.name": "ps", "strategy.servers": 4}, "worker 3 holds a parameter server shard"),
+    ({"run.checkpoint_every": 10}, "cannot be checkpointed yet"),
+])
+def test_what_cannot_carry_on_yet_refuses(options, message, digits, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        _simulate(digits, tmp_path / "run", **options)
