@@ -98,7 +98,11 @@ def test_torchrun_max_restarts_resumes_from_the_checkpoint(tmp_path):
     assert straight.returncode == 0, straight.stderr[-3000:]
     failed = job(tmp_path / "b", FASTSGD_TEST_KILL="1:37")
     assert failed.returncode == 0, failed.stderr[-3000:]
-    assert "fastsgd: error: worker 0: a peer is gone (" in failed.stderr
+    # the survivor says "worker 0: a peer is gone (...)" in one line, unless torchrun's agent,
+    # which polls its workers, saw the death first and stopped it (SIGTERM) before gloo
+    # reported the lost connection: a race (1 run in 12 of this test under load 4)
+    survivor_noticed = "fastsgd: error: worker 0: a peer is gone (" in failed.stderr
+    assert survivor_noticed or "Sending process" in failed.stderr, failed.stderr[-3000:]
     assert "Traceback" not in failed.stderr
     a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)

@@ -37,7 +37,7 @@ def _bandwidths(values: dict) -> str | None:
 
 def _crashes(values: list) -> str | None:
     ok = all(isinstance(v, dict) for v in values)
-    return None if ok else 'must be a list of tables, e.g. [{worker = 3, at = "10s"}]'
+    return None if ok else "must be a list of tables, e.g. [{worker = 3, ...}]"
 
 
 def _mtu(v: int) -> str | None:
@@ -133,6 +133,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "crash": Option(list, [], _crashes, 'workers that crash, e.g. [{worker = 3, at = '
                         '"10s"}] or [{worker = 3, step = 500}]'),
         "detect": _time("how long the survivors take to notice a crash", "1s"),
+        "down": Option(list, [], _crashes, 'links down for a while, e.g. [{worker = 3, '
+                       'from = "5s", to = "8s"}]'),
     },
 }
 MOVED = {("run", "slowdown"): "compute"}  # keys of older configs, read where they live now

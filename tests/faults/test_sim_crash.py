@@ -108,3 +108,29 @@ def test_bad_faults_are_one_line(crash, message, digits, tmp_path):
 def test_what_cannot_carry_on_yet_refuses(options, message, digits, tmp_path):
     with pytest.raises(ConfigError, match=message):
         _simulate(digits, tmp_path / "run", **options)
+
+
+def test_a_link_down_holds_up_a_collective_not_a_gossip_of_others(digits, tmp_path):
+    """Worker 3's link is down for a second: allreduce waits for it (once), sgp's other
+    workers keep stepping; nothing is lost."""
+    down = {"faults.crash": [], "faults.down": [{"worker": 3, "from": "100ms", "to": "1.1s"}]}
+    sync = _simulate(digits, tmp_path / "sync", **{"strategy.name": "allreduce", **down})
+    rows = [json.loads(line) for line in (sync.run_dir / "metrics.jsonl").open()]
+    waits = sorted(r["aggregation"] for r in rows if r["rank"] == 0)
+    assert 0.99 < waits[-1] < 1.0 and waits[-2] < 0.01
+    assert sync.summary["lost_workers"] == []
+    gossip = _simulate(digits, tmp_path / "gossip", **{"strategy.name": "sgp", **down})
+    rows = [json.loads(line) for line in (gossip.run_dir / "metrics.jsonl").open()]
+    during = [r for r in rows if r["rank"] == 0 and 0.2 < r["time"] < 1.0]
+    assert len(during) > 50  # worker 0 trains on while worker 3 is cut off
+    assert gossip.summary["final_accuracy"] > 0.85
+
+
+@pytest.mark.parametrize("down, message", [
+    ([{"worker": 3, "from": "2s", "to": "1s"}], r"faults.down\[0\]: to \(1s\) must come after"),
+    ([{"worker": 3, "from": "2s"}], r"faults.down\[0\] must be a table like"),
+    ([{"worker": 8, "from": "1s", "to": "2s"}], r"faults.down\[0\].worker must be a worker"),
+])
+def test_bad_outages_are_one_line(down, message, digits, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        _simulate(digits, tmp_path / "run", **{"faults.crash": [], "faults.down": down})

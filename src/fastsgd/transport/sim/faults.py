@@ -1,4 +1,5 @@
-"""Workers that crash in a simulated cluster (`[faults]`), and who knows it when.
+"""Workers that crash in a simulated cluster (`[faults]`), who knows it when, and links
+that go down for a while.
 
 A crash is fail-stop: worker r's crash at virtual time T (`at = "10s"`) or at step s
 (`step = 10`) takes effect at the first point after it where r has made its optimizer step
@@ -10,6 +11,11 @@ The survivors learn of it `detect` later (a heartbeat timeout), all at that same
 instant, as from a membership service: (r, k) becomes part of every survivor's view. A
 worker blocked on r, or waiting for messages, wakes then with `PeerLost`; a collective that
 waits for r completes among the survivors. Messages to a dead worker are dropped.
+
+A link down (`down = [{worker = 3, from = "5s", to = "8s"}]`) cuts the worker's NIC, both
+ways, for that window: nothing is lost, as over TCP, but what it would send waits for the
+link to come back, what is sent to it arrives after, and a collective does not run while a
+member's link is down.
 """
 
 from __future__ import annotations
@@ -39,6 +45,26 @@ class Crash:
 class Faults:
     crashes: dict[int, Crash] = field(default_factory=dict)
     detect_ns: int = 1_000_000_000
+    down: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # rank -> windows
+
+    def back_up(self, rank: int, when: int) -> int:
+        """The first time >= `when` at which `rank`'s link is up."""
+        for start, end in self.down.get(rank, ()):
+            if start <= when < end:
+                when = end
+        return when
+
+    def clear_window(self, ranks: list[int], start: int, duration: int) -> int:
+        """The first time >= `start` from which no link of `ranks` goes down for `duration`
+        (a collective needs every member's link all along)."""
+        moved = True
+        while moved:
+            moved = False
+            for rank in ranks:
+                for down, up in self.down.get(rank, ()):
+                    if down < start + duration and start < up:
+                        start, moved = up, True
+        return start
 
     @classmethod
     def parse(cls, section: dict, world_size: int) -> Faults:
@@ -53,14 +79,20 @@ class Faults:
         if crashes and len(crashes) >= world_size:
             raise ConfigError(f"faults.crash: all {world_size} workers crash; at least one "
                               "must survive")
-        return cls(crashes, detect)
+        down: dict[int, list[tuple[int, int]]] = {}
+        for i, entry in enumerate(section.get("down", [])):
+            rank, window = _outage(entry, f"faults.down[{i}]", world_size)
+            down.setdefault(rank, []).append(window)
+        return cls(crashes, detect, {r: sorted(w) for r, w in down.items()})
 
-    def __bool__(self) -> bool:
+    @property
+    def crashing(self) -> bool:
+        """Some worker crashes (outages alone lose nobody)."""
         return bool(self.crashes)
 
     def check_run(self, strategy: object, codec: object, config: dict) -> None:
         """Refuse, in one line, what cannot carry on after a crash yet."""
-        if not self:
+        if not self.crashing:
             return
         name, kind = getattr(strategy, "name", "?"), getattr(codec, "kind", "exact")
         kinds = getattr(strategy, "CARRIES_ON", ())
@@ -100,6 +132,20 @@ def _crash(entry: object, key: str, world_size: int) -> Crash:
 
 
 __all__ = ["Crash", "Crashed", "Faults", "Membership"]
+
+
+def _outage(entry: object, key: str, world_size: int) -> tuple[int, tuple[int, int]]:
+    if not isinstance(entry, dict) or set(entry) != {"worker", "from", "to"}:
+        raise ConfigError(f'{key} must be a table like {{worker = 3, from = "5s", to = "8s"}}')
+    worker = entry["worker"]
+    if not isinstance(worker, int) or isinstance(worker, bool) or not 0 <= worker < world_size:
+        raise ConfigError(f"{key}.worker must be a worker rank in 0..{world_size - 1}, "
+                          f"got {worker!r}")
+    down = to_ns(parse_seconds(entry["from"], f"{key}.from"))
+    up = to_ns(parse_seconds(entry["to"], f"{key}.to"))
+    if up <= down:
+        raise ConfigError(f"{key}: to ({entry['to']}) must come after from ({entry['from']})")
+    return worker, (down, up)
 
 
 class Membership:

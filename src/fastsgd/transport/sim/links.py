@@ -6,13 +6,16 @@ from __future__ import annotations
 import random
 
 from fastsgd.transport.sim.compute import to_ns
+from fastsgd.transport.sim.faults import Faults
 from fastsgd.transport.sim.network import Network
 from fastsgd.transport.sim.trace import Trace
 
 
 class Links:
-    def __init__(self, network: Network, world_size: int, trace: Trace | None = None):
+    def __init__(self, network: Network, world_size: int, trace: Trace | None = None,
+                 outages: Faults | None = None):
         self.net, self.trace = network, trace
+        self.outages = Faults() if outages is None else outages
         # per (rank, intra-node?): when its uplink / downlink finishes what it already carries
         self.up_free: dict[tuple[int, bool], int] = {}
         self.down_free: dict[tuple[int, bool], int] = {}
@@ -30,7 +33,7 @@ class Links:
         is already sending, at its uplink rate: (when its first byte leaves, its last)."""
         intra = self.net.same_node(src, dst)
         up = self.net.intra_bandwidth if intra else self.nic(src, now)
-        start = max(now, self.up_free.get((src, intra), 0))
+        start = self.outages.back_up(src, max(now, self.up_free.get((src, intra), 0)))
         wire = size if intra else self.net.wire(size)
         sent = self.up_free[(src, intra)] = start + to_ns(wire / up)
         return start, sent
@@ -43,7 +46,8 @@ class Links:
         net, intra = self.net, self.net.same_node(src, dst)
         down = net.intra_bandwidth if intra else self.nic(dst, start)
         wire = size if intra else net.wire(size)
-        received = max(sent, max(start, self.down_free.get((dst, intra), 0)) + to_ns(wire / down))
+        begins = self.outages.back_up(dst, max(start, self.down_free.get((dst, intra), 0)))
+        received = max(sent, begins + to_ns(wire / down))
         self.down_free[(dst, intra)] = received
         arrival = received + to_ns(net.intra_latency if intra else net.latency)
         if net.jitter:

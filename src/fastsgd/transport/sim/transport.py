@@ -40,7 +40,7 @@ class SimFabric:
         self.world_size = world_size
         self.network, self.compute = network, compute
         self.scheduler = scheduler
-        self.links = Links(network, world_size, compute.trace)
+        self.links = Links(network, world_size, compute.trace, faults)
         self.collectives: dict[int, Collective] = {}
         self.collectives_free = 0  # when the links are free for the next collective
         self.server_free = [0] * world_size  # when each worker's message handler is free
@@ -52,7 +52,7 @@ class SimFabric:
         self.handlers: dict[tuple[int, int], Callable[[int, torch.Tensor], None]] = {}
         self.handling_at: int | None = None  # set while a handler runs (scheduler thread)
         self.shared: dict[str, torch.Tensor] = {}
-        self.membership = Membership(faults or Faults())
+        self.membership = Membership(Faults() if faults is None else faults)
         self.news: dict[int, int] = {}  # rank -> the departure that woke it
         self.on_death: list[Callable[[], None]] = []  # e.g. the observer counting again
 
@@ -81,7 +81,9 @@ class SimFabric:
         op.started = True
         if op.combine == "gather":  # the survivors' tensors, in rank order
             op.result = torch.stack([op.parts.pop(r) for r in sorted(op.parts)])
-        finish = max(op.arrival, self.collectives_free, not_before) + op.duration
+        start = max(op.arrival, self.collectives_free, not_before)
+        members = [r for r in range(self.world_size) if r not in known]
+        finish = self.membership.faults.clear_window(members, start, op.duration) + op.duration
         self.collectives_free = finish
         self.scheduler.at(finish, lambda: self._complete(seq, op, finish))
 
@@ -340,7 +342,7 @@ class SimTransport:
 
     def members(self) -> list[int]:
         fabric = self.fabric  # (a handler sees what happened before its own time)
-        if fabric.membership.faults and fabric.handling_at is None:
+        if fabric.membership.faults.crashing and fabric.handling_at is None:
             self.scheduler.yield_(self.rank)  # what happened before this worker's clock
         known = self.fabric.membership.known
         return [r for r in range(self.world_size) if r not in known]
