@@ -228,32 +228,6 @@ def test_real_asynchronous_strategies_resume_after_kill_9(tmp_path, strategy):
     assert evals[-1]["step"] == 30 and evals[-1]["accuracy"] > 0.7
 
 
-# run.on_failure = "restart" (the default): a worker killed (-9) after step 37 of 60; every
-# worker starts again from the checkpoint of step 20 (or, without checkpoints, from the
-# start) and the run ends with the bits of the run that never failed.
-@pytest.mark.multiproc
-@pytest.mark.parametrize("every,start", [(20, "the checkpoint of step 20"),
-                                         (0, "the start (no checkpoint)")])
-def test_a_dead_worker_restarts_the_run_from_its_checkpoint(tmp_path, every, start):
-    common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "run.workers=3",
-              "--set", "run.steps=60", "--set", f"run.checkpoint_every={every}", "--quiet"]
-    straight = _cli("run", *common, "--set", f"run.out={tmp_path / 'a'}")
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    failed = _cli("run", *common, "--set", f"run.out={tmp_path / 'b'}",
-                  FASTSGD_TEST_KILL="1:37")
-    assert failed.returncode == 0, failed.stderr[-3000:]
-    assert failed.stderr.strip() == ("fastsgd: worker 1 was killed by signal 9 (SIGKILL); "
-                                     f"restarting every worker from {start} (restart 1 of 3)")
-    a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
-    b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert _losses(tmp_path / "a") == _losses(tmp_path / "b")
-    summary = fs.Result(None, tmp_path / "b").metrics() and json.loads(
-        (tmp_path / "b" / "summary.json").read_text())
-    assert [(f["event"], f["from_step"]) for f in summary["failures"]] == [
-        ("worker 1 was killed by signal 9 (SIGKILL)", every)]
-
-
 def _orphans(marker: str) -> list[int]:
     """Processes whose command line holds `marker`."""
     found = []
@@ -291,22 +265,3 @@ def test_ctrl_c_stops_every_worker_with_a_checkpoint(tmp_path):
     resumed = _cli("run", "--resume", str(out), "--quiet", "--set", f"run.steps={step + 20}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["steps"] == step + 20
-
-
-# A worker killed while it writes the checkpoint of step 40 (its file is in, the manifest
-# not): that checkpoint never counts, the restart goes on from step 20, and the run still
-# ends with the bits of the run that never failed.
-@pytest.mark.multiproc
-def test_a_crash_during_a_checkpoint_write_falls_back_to_the_previous_one(tmp_path):
-    common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "run.workers=2",
-              "--set", "run.steps=60", "--set", "run.checkpoint_every=20", "--quiet"]
-    straight = _cli("run", *common, "--set", f"run.out={tmp_path / 'a'}")
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    failed = _cli("run", *common, "--set", f"run.out={tmp_path / 'b'}",
-                  FASTSGD_TEST_KILL="1:40:checkpoint")
-    assert failed.returncode == 0, failed.stderr[-3000:]
-    assert "restarting every worker from the checkpoint of step 20" in failed.stderr
-    a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
-    b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert checkpoint.steps(tmp_path / "b") == [40, 60]

@@ -44,9 +44,11 @@ def save(loop: Loop, step: int) -> None:
 def kill_if_asked(rank: int, step: int, where: str = "step") -> None:
     """Fault tests: FASTSGD_TEST_KILL=RANK:STEP kills worker RANK (kill -9) once it has done
     STEP steps; RANK:STEP:checkpoint, while it writes the checkpoint of STEP (its file is
-    in, the manifest not yet). Only in a run's first attempt, not again after a restart by
-    fastsgd run or torchrun. FASTSGD_TEST_KILL_AFTER_CHECKPOINT=STEP kills every worker
-    right after that checkpoint."""
+    in, the manifest not yet); RANK:STEP:gradients and RANK:STEP:parameters, in step STEP
+    just before its gradient or parameter exchange (allreduce's buckets are then already
+    in flight, launched during backward: a death mid-collective). Only in a run's first
+    attempt, not again after a restart by fastsgd run or torchrun.
+    FASTSGD_TEST_KILL_AFTER_CHECKPOINT=STEP kills every worker right after that checkpoint."""
     target = os.environ.get("FASTSGD_TEST_KILL", "")
     restarted = (os.environ.get("FASTSGD_RESTART", "0") != "0"
                  or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0")

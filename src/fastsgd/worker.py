@@ -202,6 +202,7 @@ class _Loop:
         t4 = now()
         if self.codec:
             t.compute("codec", k)
+        resume.kill_if_asked(self.rank, k + 1, "gradients")  # fault tests (tests/faults)
         self.replica.sync_gradients()
         t5 = now()
         self.optimizer.step()
@@ -210,6 +211,7 @@ class _Loop:
         self.optimizer.zero_grad()
         t.compute("update", k)
         t6 = now()
+        resume.kill_if_asked(self.rank, k + 1, "parameters")
         self.replica.sync_parameters()
         t7 = now()
         if k == self.steps - 2:
