@@ -7,9 +7,10 @@ convergence?).
 
 MLP on Fashion-MNIST, simulated workers with batch 32 each, SGD lr 0.05 momentum 0.9 (the
 synchronous settings, for every strategy), fixed compute of 5 ms a step (a GPU's, and the
-outcome does not depend on this machine's load), 1 Gbit/s links. dpsgd runs on the 2D
-torus. A fraction of the workers (drawn with a fixed seed, never worker 0, which holds the
-parameter server's shard and writes the results) crashes at the same step halfway through;
+outcome does not depend on this machine's load), 10 Gbit/s links. dpsgd runs on the 2D
+torus, ps with 8 server shards (one server's downlink cannot take 64 pushes a step). A
+fraction of the workers (drawn with a fixed seed from ranks 8 and up: the servers' ranks
+cannot crash yet, and rank 0 writes the results) crashes at the same step halfway through;
 the survivors notice 1 s later (faults.detect). Prints a Markdown table: final accuracy, time
 to the target accuracy and simulated time, each against the same strategy with no faults.
 """
@@ -28,19 +29,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_name, simulate  # noqa: E402
 
 BASE = ["model.name=mlp", "data.batch_size=32", "compute.model=fixed", "compute.step_time=5ms",
-        "network.bandwidth=1Gbit", "optimizer.name=sgd", "optimizer.lr=0.05",
+        "network.bandwidth=10Gbit", "optimizer.name=sgd", "optimizer.lr=0.05",
         "optimizer.momentum=0.9", "run.eval_every=20", "run.target_accuracy=0.8"]
-TOPOLOGY = {"dpsgd": ["strategy.topology=torus"]}
+OPTIONS = {"dpsgd": ["strategy.topology=torus"], "ps": ["strategy.servers=8"]}
+SPARED = 8  # ranks 0..7 never crash: ps's servers (and rank 0 writes the results)
 
 
 def crashes(workers: int, fraction: float, step: int) -> str:
-    lost = sorted(random.Random(0).sample(range(1, workers), round(fraction * workers)))
+    lost = sorted(random.Random(0).sample(range(SPARED, workers), round(fraction * workers)))
     return "[" + ", ".join(f"{{worker = {r}, step = {step}}}" for r in lost) + "]"
 
 
 def cell(strategy: str, fraction: float, workers: int, steps: int) -> dict:
     sets = [*BASE, f"run.workers={workers}", f"run.steps={steps}", f"strategy.name={strategy}",
-            *TOPOLOGY.get(strategy, []), f"faults.crash={crashes(workers, fraction, steps // 2)}"]
+            *OPTIONS.get(strategy, []), f"faults.crash={crashes(workers, fraction, steps // 2)}"]
     began = time.perf_counter()
     summary = simulate(sets) or {}
     return {"strategy": strategy, "drop": fraction, "wall": time.perf_counter() - began,

@@ -265,3 +265,31 @@ def test_ctrl_c_stops_every_worker_with_a_checkpoint(tmp_path):
     resumed = _cli("run", "--resume", str(out), "--quiet", "--set", f"run.steps={step + 20}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["steps"] == step + 20
+
+
+# Ctrl-C on `fastsgd simulate`: the simulated workers stop after the same step and write a
+# checkpoint within 5 s, one line says how to resume, and the run resumes to its end.
+def test_ctrl_c_stops_a_simulation_with_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set",
+              "run.workers=4", "--set", "strategy.name=sgp", "--set", "compute.model=fixed",
+              "--set", "compute.step_time=1ms", "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "fastsgd", "simulate", *common, "--set",
+                             "run.steps=100000", "--set", f"run.out={out}"],
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # training has started
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - began < 5
+    assert proc.returncode == 130
+    step = checkpoint.steps(out)[-1]
+    assert err.strip() == (f"fastsgd: interrupted: every worker stopped after step {step} and "
+                           f"wrote a checkpoint; resume with: fastsgd simulate --resume {out}")
+    resumed = _cli("simulate", "--resume", str(out), "--quiet", "--set",
+                   f"run.steps={step + 20}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == step + 20

@@ -1,5 +1,5 @@
-"""Ctrl-C on `fastsgd run`: every worker stops after the same step, writes a checkpoint and
-exits, within seconds; then the launcher says how to resume.
+"""Ctrl-C on `fastsgd run` and `fastsgd simulate`: every worker stops after the same step,
+writes a checkpoint and exits, within seconds; then the launcher says how to resume.
 
 The workers ignore SIGINT (a terminal sends it to the whole process group): a worker
 interrupted at a random point could not take part in a checkpoint, which is a collective.
@@ -13,16 +13,27 @@ wait for the slowest in the checkpoint's barrier).
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _SHARED: Stop | None = None  # set in each forked worker (launch.py)
 
 
+class _Value:
+    value = 0
+
+
 class Stop:
+    """`ctx`: a multiprocessing context, shared with forked workers; None: one process (the
+    simulator, whose workers are coroutines of one thread)."""
+
     def __init__(self, ctx: Any, workers: int):
-        self.progress = ctx.Array("q", workers, lock=False)
-        self.stop_at = ctx.Value("q", 0, lock=False)
+        self.progress = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
+        self.stop_at = ctx.Value("q", 0, lock=False) if ctx else _Value()
 
     def request(self) -> int:
         """Set the step every worker stops after; returns it."""
@@ -33,15 +44,39 @@ class Stop:
         return self.stop_at.value
 
 
-def share(stop: Stop) -> None:
-    """In a forked worker: this is the launcher's Stop."""
+def share(stop: Stop | None) -> None:
+    """In a forked worker: this is the launcher's Stop (in the simulator: the one of
+    `simulated`; None: none any more)."""
     global _SHARED
     _SHARED = stop
 
 
+@contextmanager
+def simulated(workers: int) -> Iterator[Stop]:
+    """`fastsgd simulate`: Ctrl-C sets the step every simulated worker stops after, as the
+    launcher of `fastsgd run` does; the workers write a checkpoint there and end."""
+    stop = Stop(None, workers)
+    share(stop)
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, lambda *_: _again(stop)) if main else None
+    try:
+        yield stop
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
+        share(None)
+
+
+def _again(stop: Stop) -> None:
+    """The first Ctrl-C asks to stop; a second one stops at once (no checkpoint)."""
+    if stop.stop_at.value:
+        raise KeyboardInterrupt
+    stop.request()
+
+
 def stop_after(rank: int, step: int) -> bool:
     """After each step: record it, and say whether the launcher asks to stop here. Always
-    False outside `fastsgd run`'s own workers (torchrun, the simulator)."""
+    False outside `fastsgd run`'s own workers and `fastsgd simulate` (under torchrun)."""
     if _SHARED is None:
         return False
     _SHARED.progress[rank] = step

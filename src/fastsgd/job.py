@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from fastsgd import config as cfg
+from fastsgd import interrupt
 from fastsgd.components import (
     OptimizerFn,
     function_from_config,
@@ -22,7 +23,7 @@ from fastsgd.components import (
 )
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.data import Dataset, load_dataset
-from fastsgd.errors import ConfigError, UserError, WorkerFailed
+from fastsgd.errors import ConfigError, Interrupted, UserError, WorkerFailed
 from fastsgd.launch import launch
 from fastsgd.metrics import read_jsonl, write_json
 from fastsgd.models import build_model
@@ -146,7 +147,13 @@ class Job:
                                  lambda m: plan.evaluate(m, plan.dataset, torch.device("cpu")),
                                  EvalLog(plan.run_dir / "eval.jsonl",
                                          plan.config["run"]["target_accuracy"]))
-        simulate(n, lambda t: train(plan, t), net, model, faults, plan.observer.crashed)
+        with interrupt.simulated(n) as stop:
+            simulate(n, lambda t: train(plan, t), net, model, faults, plan.observer.crashed)
+        if 0 < stop.stop_at.value < plan.total_steps(n):  # Ctrl-C: checkpoints written
+            step = stop.stop_at.value
+            raise Interrupted(f"interrupted: every worker stopped after step {step} and wrote "
+                              f"a checkpoint; resume with: fastsgd simulate --resume "
+                              f"{plan.run_dir}", step)
         return _result(plan.run_dir)
 
     def _run_here(self) -> Result:
