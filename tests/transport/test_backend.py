@@ -59,3 +59,27 @@ def test_an_unreachable_rendezvous_is_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(
         f"fastsgd: error: cannot reach the rendezvous at 127.0.0.1:{port} "
         "(MASTER_ADDR:MASTER_PORT) within run.timeout = 3 s")
+
+
+_USERS_GROUP = """
+import torch, torch.distributed as dist
+from fastsgd.transport.torch_dist import TorchTransport
+dist.init_process_group("gloo")  # the user's own, before fastsgd's transport
+t = TorchTransport("gloo")
+x = torch.ones(3)
+t.all_reduce(x)
+t.close()
+assert dist.is_initialized(), "close() destroyed the user's default group"
+dist.all_reduce(x)  # still usable
+dist.destroy_process_group()
+TorchTransport("gloo")  # made the default group itself and never closed: atexit does
+print("ok")
+"""
+
+
+def test_close_leaves_the_users_default_group_and_runs_at_exit(tmp_path):
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "RANK": "0", "WORLD_SIZE": "1"}
+    proc = subprocess.run([sys.executable, "-c", _USERS_GROUP], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -8,6 +8,7 @@ Bytes are counted by the same per-algorithm rules as the simulator (transport/ba
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -125,7 +126,8 @@ class TorchTransport:
         if backend == "nccl":
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
-        if not dist.is_initialized():
+        self._owns_default_group = not dist.is_initialized()  # else the user's: left alone
+        if self._owns_default_group:
             _rendezvous(backend, timeout)
         # Every collective runs on this group, which only the transport holds, so close()
         # really destroys it and joins its gloo threads. The default group can be held past
@@ -149,6 +151,7 @@ class TorchTransport:
         self._start = time.perf_counter()
         self._messenger: Messenger | None = None
         self._received_lock = threading.Lock()
+        atexit.register(self.close)  # a script that never closes, e.g. after an error
 
     def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
         size = ring_allreduce_bytes(nbytes(tensor), self.world_size)
@@ -272,12 +275,18 @@ class TorchTransport:
         """Real compute took the time it took: nothing to charge."""
 
     def close(self) -> None:
+        """Stop the messenger and destroy this transport's group, and the default group if
+        the transport made it (one the user made before `connect()` stays theirs)."""
         if self._messenger is not None:
             self._messenger.close()
             self._messenger = None
-        self._group = None  # the last reference: destroying the groups frees it
-        if dist.is_initialized():
+        group, self._group = self._group, None  # the last reference: destroying frees it
+        if not dist.is_initialized():
+            return
+        if self._owns_default_group:
             dist.destroy_process_group()
+        elif group is not None:
+            dist.destroy_process_group(group)
 
     def _count(self, sent: int, received: int) -> None:
         with self._received_lock:  # the receiver thread counts too
