@@ -18,6 +18,7 @@ CASES = {  # name: strategy options
     "sgp": {"strategy.name": "sgp"},
     "adpsgd": {"strategy.name": "adpsgd"},
     "ps": {"strategy.name": "ps"},
+    "ltfb": {"strategy.name": "ltfb", "strategy.period": 10},
 }
 CRASHES = [{"worker": 3, "step": 40}, {"worker": 6, "at": "200ms"}]
 
@@ -100,6 +101,7 @@ def test_bad_faults_are_one_line(crash, message, digits, tmp_path):
 
 @pytest.mark.parametrize("options, message", [
     ({"strategy.name": "ssp"}, "strategy.name = 'ssp' does not carry on"),
+    ({"strategy.name": "localsgd"}, "strategy.name = 'localsgd' does not carry on"),
     ({"strategy.name": "allreduce", "compression.name": "topk"},
      "with compression.name = 'topk' does not carry on"),
     ({"strategy.name": "ps", "strategy.servers": 4}, "worker 3 holds a parameter server shard"),

@@ -20,6 +20,7 @@ from fastsgd.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment
+from fastsgd.transport.base import PeerLost
 
 Params = list[torch.nn.Parameter]
 
@@ -27,6 +28,7 @@ Params = list[torch.nn.Parameter]
 class Tournament(Configurable, section="strategy"):
     name = "ltfb"
     CODEC_KINDS = ("exact", "quantize", "sparse")
+    CARRIES_ON = CODEC_KINDS  # a lost partner's round is skipped
     OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds"),
                "adapt_optimizer": ADAPT_OPTION}
 
@@ -48,12 +50,15 @@ class Tournament(Configurable, section="strategy"):
             return
         partner = pairing(ctx.transport.world_size, (ctx.step + 1) // self.period)
         peer = partner.get(ctx.transport.rank)
-        if peer is None:
+        if peer is None or peer in ctx.transport.departed():
             return
         mine = flatten(params)
         outgoing = pack(ctx.compressor.compress(mine))
         incoming = torch.empty_like(outgoing)  # same codec, same model: same payload size
-        ctx.transport.exchange([(peer, outgoing)], [(peer, incoming)])
+        try:
+            ctx.transport.exchange([(peer, outgoing)], [(peer, incoming)])
+        except PeerLost:  # lost before it sent its model: this worker sits the round out
+            return
         theirs = decode_buffer(ctx.compressor, incoming, mine, peer)
         my_score = ctx.score()
         assign(params, theirs)
