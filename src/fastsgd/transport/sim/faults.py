@@ -57,6 +57,8 @@ class Faults:
     def clear_window(self, ranks: list[int], start: int, duration: int) -> int:
         """The first time >= `start` from which no link of `ranks` goes down for `duration`
         (a collective needs every member's link all along)."""
+        if not self.down:
+            return start
         moved = True
         while moved:
             moved = False
@@ -151,8 +153,9 @@ def _outage(entry: object, key: str, world_size: int) -> tuple[int, tuple[int, i
 class Membership:
     """Who has crashed (the truth) and who the survivors know has (their view)."""
 
-    def __init__(self, faults: Faults):
+    def __init__(self, faults: Faults, world_size: int):
         self.faults = faults
+        self.members = list(range(world_size))  # the survivors' view, kept up to date
         self.dead: dict[int, int] = {}  # rank -> step it left at
         self.known: dict[int, int] = {}  # the part of `dead` the survivors have learnt
         self.when: dict[int, float] = {}  # rank -> virtual time of its crash (s)
@@ -167,6 +170,7 @@ class Membership:
 
     def learn(self, rank: int) -> None:
         self.known[rank] = self.dead[rank]
+        self.members = [r for r in self.members if r != rank]
 
     def alive(self, rank: int) -> bool:
         return rank not in self.dead

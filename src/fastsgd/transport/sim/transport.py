@@ -52,7 +52,7 @@ class SimFabric:
         self.handlers: dict[tuple[int, int], Callable[[int, torch.Tensor], None]] = {}
         self.handling_at: int | None = None  # set while a handler runs (scheduler thread)
         self.shared: dict[str, torch.Tensor] = {}
-        self.membership = Membership(Faults() if faults is None else faults)
+        self.membership = Membership(Faults() if faults is None else faults, world_size)
         self.news: dict[int, int] = {}  # rank -> the departure that woke it
         self.on_death: list[Callable[[], None]] = []  # e.g. the observer counting again
 
@@ -82,7 +82,7 @@ class SimFabric:
         if op.combine == "gather":  # the survivors' tensors, in rank order
             op.result = torch.stack([op.parts.pop(r) for r in sorted(op.parts)])
         start = max(op.arrival, self.collectives_free, not_before)
-        members = [r for r in range(self.world_size) if r not in known]
+        members = self.membership.members
         finish = self.membership.faults.clear_window(members, start, op.duration) + op.duration
         self.collectives_free = finish
         self.scheduler.at(finish, lambda: self._complete(seq, op, finish))
@@ -344,8 +344,7 @@ class SimTransport:
         fabric = self.fabric  # (a handler sees what happened before its own time)
         if fabric.membership.faults.crashing and fabric.handling_at is None:
             self.scheduler.yield_(self.rank)  # what happened before this worker's clock
-        known = self.fabric.membership.known
-        return [r for r in range(self.world_size) if r not in known]
+        return list(fabric.membership.members)
 
     def departed(self) -> dict[int, tuple[int, float]]:
         membership = self.fabric.membership
