@@ -5,6 +5,7 @@ lost workers (docs/simulator.md, "Faults")."""
 import json
 
 import pytest
+import torch
 
 import fastsgd as fs
 from fastsgd.data import load_dataset
@@ -136,3 +137,24 @@ def test_a_link_down_holds_up_a_collective_not_a_gossip_of_others(digits, tmp_pa
 def test_bad_outages_are_one_line(down, message, digits, tmp_path):
     with pytest.raises(ConfigError, match=message):
         _simulate(digits, tmp_path / "run", **{"faults.crash": [], "faults.down": down})
+
+
+def test_a_collective_without_a_lost_worker_sums_every_survivor():
+    """Worker 1 crashes at step 1: from then on each all-reduce is the sum of the three
+    survivors' tensors (ranks after the lost one's turn included), over 3 members."""
+    from fastsgd.transport.sim import Faults, simulate
+
+    def fn(t):
+        seen = []
+        for step in range(3):
+            t.compute("update", step)  # where a crash takes effect
+            x = torch.full((4,), float(t.rank + 1))
+            t.all_reduce(x)
+            seen.append((x.tolist(), len(t.members())))
+        return seen
+
+    faults = Faults.parse({"crash": [{"worker": 1, "step": 1}], "detect": "10ms"}, 4)
+    results = simulate(4, fn, faults=faults)
+    assert results[1] is None
+    for rank in (0, 2, 3):
+        assert results[rank] == [([10.0] * 4, 4), ([8.0] * 4, 3), ([8.0] * 4, 3)]

@@ -43,3 +43,11 @@ def fold(op: Collective, rank: int, tensor: torch.Tensor) -> None:
             op.summed += 1
     elif op.combine == rank:  # the broadcast's source
         op.result = tensor.clone()
+
+
+def finish_sum(op: Collective) -> None:
+    """Fold in the parts still held: those that came after a rank that will never come (a
+    lost worker's turn), in rank order."""
+    for rank in sorted(op.parts):
+        part = op.parts.pop(rank)
+        op.result = part if op.result is None else op.result.add_(part)

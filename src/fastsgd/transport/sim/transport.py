@@ -24,7 +24,7 @@ from fastsgd.transport.base import (
     tree_broadcast_bytes,
 )
 from fastsgd.transport.frames import frame_bytes
-from fastsgd.transport.sim.collective import Collective, fold
+from fastsgd.transport.sim.collective import Collective, finish_sum, fold
 from fastsgd.transport.sim.compute import ComputeModel, to_ns
 from fastsgd.transport.sim.faults import Crashed, Faults, Membership
 from fastsgd.transport.sim.links import Links
@@ -81,6 +81,8 @@ class SimFabric:
         op.started = True
         if op.combine == "gather":  # the survivors' tensors, in rank order
             op.result = torch.stack([op.parts.pop(r) for r in sorted(op.parts)])
+        elif op.combine == "sum":  # parts held back behind a lost rank's turn, in rank order
+            finish_sum(op)
         start = max(op.arrival, self.collectives_free, not_before)
         members = self.membership.members
         finish = self.membership.faults.clear_window(members, start, op.duration) + op.duration
