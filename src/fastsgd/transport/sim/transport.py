@@ -83,6 +83,9 @@ class SimFabric:
             op.result = torch.stack([op.parts.pop(r) for r in sorted(op.parts)])
         elif op.combine == "sum":  # parts held back behind a lost rank's turn, in rank order
             finish_sum(op)
+        elif op.result is None:
+            raise RuntimeError(f"collective {seq}: a broadcast from worker {op.combine}, "
+                               "which was lost")
         start = max(op.arrival, self.collectives_free, not_before)
         members = self.membership.members
         finish = self.membership.faults.clear_window(members, start, op.duration) + op.duration
