@@ -44,16 +44,28 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0) -> None:
     stop = Stop(ctx, workers)
     procs = [ctx.Process(target=_child, args=(fn, rank, workers, port, errors, restart, stop),
                          name=f"fastsgd-worker-{rank}") for rank in range(workers)]
-    for p in procs:
-        p.start()
     try:
+        for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
+            p.start()
         _wait(procs, errors)
     except KeyboardInterrupt:
         _stop(procs, stop)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
+        _end(procs)
+
+
+def _end(procs: list[mp.process.BaseProcess]) -> None:
+    """No worker outlives the launcher: SIGTERM, then SIGKILL for one that lingers (the
+    interpreter would otherwise wait for it at exit)."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        if p.pid is None:
+            continue  # never started
+        p.join(STOP_WITHIN)
+        if p.is_alive():
+            p.kill()
             p.join()
 
 
