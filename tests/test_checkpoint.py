@@ -240,42 +240,11 @@ def _orphans(marker: str) -> list[int]:
     return found
 
 
-# Ctrl-C (SIGINT to the launching process): every worker stops after the same step within
-# 5 s, writes a checkpoint, no process is left, and the run resumes to its end.
-@pytest.mark.multiproc
-def test_ctrl_c_stops_every_worker_with_a_checkpoint(tmp_path):
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "fastsgd", "run", "--set", "data.name=digits", "--set",
-           "model.name=mlp", "--set", "run.workers=2", "--set", "run.steps=100000", "--set",
-           f"run.out={out}", "--quiet"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 120
-    while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)  # training has started
-    began = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert time.monotonic() - began < 5
-    assert proc.returncode == 130
-    step = checkpoint.steps(out)[-1]
-    assert err.strip() == (f"fastsgd: interrupted: every worker stopped after step {step} and "
-                           f"wrote a checkpoint; resume with: fastsgd run --resume {out}")
-    assert not _orphans(str(out))
-    resumed = _cli("run", "--resume", str(out), "--quiet", "--set", f"run.steps={step + 20}")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert json.loads((out / "summary.json").read_text())["steps"] == step + 20
-
-
-# Ctrl-C on `fastsgd simulate`: the simulated workers stop after the same step and write a
-# checkpoint within 5 s, one line says how to resume, and the run resumes to its end.
-def test_ctrl_c_stops_a_simulation_with_a_checkpoint(tmp_path):
-    out = tmp_path / "run"
-    common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set",
-              "run.workers=4", "--set", "strategy.name=sgp", "--set", "compute.model=fixed",
-              "--set", "compute.step_time=1ms", "--quiet"]
-    proc = subprocess.Popen([sys.executable, "-m", "fastsgd", "simulate", *common, "--set",
-                             "run.steps=100000", "--set", f"run.out={out}"],
+def _ctrl_c(command: str, out: Path, *sets: str) -> int:
+    """Start `fastsgd COMMAND` for ever, send it SIGINT once training has started; check it
+    stops within 5 s with exit code 130 and one line saying how to resume; the step."""
+    args = [a for item in ("run.steps=100000", f"run.out={out}", *sets) for a in ("--set", item)]
+    proc = subprocess.Popen([sys.executable, "-m", "fastsgd", command, "--quiet", *args],
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 120
@@ -288,8 +257,25 @@ def test_ctrl_c_stops_a_simulation_with_a_checkpoint(tmp_path):
     assert proc.returncode == 130
     step = checkpoint.steps(out)[-1]
     assert err.strip() == (f"fastsgd: interrupted: every worker stopped after step {step} and "
-                           f"wrote a checkpoint; resume with: fastsgd simulate --resume {out}")
-    resumed = _cli("simulate", "--resume", str(out), "--quiet", "--set",
-                   f"run.steps={step + 20}")
+                           f"wrote a checkpoint; resume with: fastsgd {command} --resume {out}")
+    resumed = _cli(command, "--resume", str(out), "--quiet", "--set", f"run.steps={step + 20}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["steps"] == step + 20
+    return step
+
+
+# Ctrl-C (SIGINT to the launching process): every worker stops after the same step within
+# 5 s, writes a checkpoint, no process is left, and the run resumes to its end.
+@pytest.mark.multiproc
+def test_ctrl_c_stops_every_worker_with_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    _ctrl_c("run", out, "data.name=digits", "model.name=mlp", "run.workers=2")
+    assert not _orphans(str(out))
+
+
+# Ctrl-C on `fastsgd simulate`: the simulated workers stop after the same step and write a
+# checkpoint within 5 s, one line says how to resume, and the run resumes to its end.
+def test_ctrl_c_stops_a_simulation_with_a_checkpoint(tmp_path):
+    _ctrl_c("simulate", tmp_path / "run", "data.name=digits", "model.name=mlp",
+            "run.workers=4", "strategy.name=sgp", "compute.model=fixed",
+            "compute.step_time=1ms")
