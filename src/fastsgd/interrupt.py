@@ -57,14 +57,27 @@ def simulated(workers: int) -> Iterator[Stop]:
     launcher of `fastsgd run` does; the workers write a checkpoint there and end."""
     stop = Stop(None, workers)
     share(stop)
-    main = threading.current_thread() is threading.main_thread()
-    before = signal.signal(signal.SIGINT, lambda *_: _again(stop)) if main else None
     try:
-        yield stop
+        with catching(lambda *_: _again(stop)):
+            yield stop
     finally:
-        if main:
-            signal.signal(signal.SIGINT, before)
         share(None)
+
+
+@contextmanager
+def catching(handler: Any = signal.default_int_handler) -> Iterator[None]:
+    """SIGINT goes to `handler` (by default: KeyboardInterrupt) while inside, in the main
+    thread. Set explicitly because a process started in the background by a shell without
+    job control inherits SIGINT ignored, and Python then leaves it ignored: Ctrl-C sent with
+    kill would do nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _again(stop: Stop) -> None:

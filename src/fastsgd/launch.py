@@ -20,7 +20,7 @@ from multiprocessing import connection
 import torch
 
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
-from fastsgd.interrupt import Stop, share
+from fastsgd.interrupt import Stop, catching, share
 
 STOP_WITHIN = 4.5  # seconds the workers have to stop on Ctrl-C
 
@@ -44,14 +44,15 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0) -> None:
     stop = Stop(ctx, workers)
     procs = [ctx.Process(target=_child, args=(fn, rank, workers, port, errors, restart, stop),
                          name=f"fastsgd-worker-{rank}") for rank in range(workers)]
-    try:
-        for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
-            p.start()
-        _wait(procs, errors)
-    except KeyboardInterrupt:
-        _stop(procs, stop)
-    finally:
-        _end(procs)
+    with catching():
+        try:
+            for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
+                p.start()
+            _wait(procs, errors)
+        except KeyboardInterrupt:
+            _stop(procs, stop)
+        finally:
+            _end(procs)
 
 
 def _end(procs: list[mp.process.BaseProcess]) -> None:
