@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from fastsgd.errors import UserError
 from fastsgd.launch import launch
@@ -77,8 +76,8 @@ def test_real_messages_between_three_processes(tmp_path):
 def _garbage(t):
     t.start_messages()
     if t.rank == 1:
-        bad = torch.tensor([0xBAD] * 8, dtype=torch.int64)
-        dist.isend(bad, 0, t._messenger.control, tag=101).wait()
+        bad = torch.tensor([0xBAD] * 8, dtype=torch.int64)  # straight onto the connection
+        t._messenger._links[0].sock.sendall(bad.numpy().tobytes())
         return None
     t.wait_message(3)
 
@@ -152,3 +151,33 @@ def _served_late(t):
 def test_real_handler_takes_messages_that_came_before_it(tmp_path):
     launch(_real(_served_late, tmp_path), 2)
     assert [torch.load(tmp_path / f"{r}.pt") for r in range(2)] == [[0, 1, 2]] * 2
+
+
+def _vanishes(t):
+    """Rank 1 dies without a goodbye (as kill -9 would) while rank 0 waits for its message,
+    then for its part of an exchange: each wait fails at once, naming the peer; closing
+    does not wait for the dead."""
+    import os
+    import time
+
+    from fastsgd.transport.torch_dist import PeerGone
+
+    t.start_messages()
+    if t.rank == 1:
+        time.sleep(0.3)
+        os._exit(0)  # no close, no goodbye: the connection just ends
+    began, failures = time.monotonic(), []
+    for wait in (lambda: t.wait_message(4), lambda: t.exchange([], [(1, torch.empty(3))])):
+        try:
+            wait()
+        except PeerGone as e:
+            failures.append(str(e))
+    return failures, time.monotonic() - began
+
+
+@pytest.mark.multiproc
+def test_a_peer_that_dies_ends_the_waits_for_it_at_once(tmp_path):
+    launch(_real(_vanishes, tmp_path), 2)
+    failures, waited = torch.load(tmp_path / "0.pt")
+    assert failures == ["worker 1 left the run (its connection closed)"] * 2
+    assert waited < 5  # the transport's timeout is 60 s

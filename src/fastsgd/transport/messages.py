@@ -1,68 +1,58 @@
-"""Asynchronous messages between real processes: background receiver threads.
+"""Asynchronous messages between real processes: one plain TCP connection per pair of workers.
 
 Asynchronous strategies (parameter server, asynchronous gossip, push-sum) need to receive
 whatever has arrived, from anyone, without a matching call on the sender's side. A message
-is a header then a payload (see frames.py). Each process runs two receiver threads on
-dedicated gloo groups: one takes headers from any peer and posts the receive of each
-payload, the other waits for the payloads in that order and files them by tag; the training
-thread reads them with `poll` (never blocks) or `wait` (blocks for one). Sends are
-non-blocking. A tag can instead have a handler (`serve`), which the payload thread runs for
-each message as it arrives: a parameter server's shard answers pushes and fetches while its
-rank trains. A message to oneself is handed over directly, without the network.
+is a frame, a header then a payload (frames.py), on the connection between the two workers.
+Each connection has a sender thread with a queue, so sends never block the training thread,
+and one reader thread serves every connection: it reads whatever has arrived, files each
+whole frame by tag, or hands it to the tag's handler (`serve`: a parameter server's shard
+answers pushes and fetches while its rank trains). The training thread takes messages with
+`poll` (never blocks) or `wait` (blocks for one). A message to oneself never leaves the
+process. Per sender, frames arrive in the order sent (one TCP stream).
 
-The receiver threads share the interpreter lock with the training thread. Each frame hands
-the lock over a few times (a receiver wakes, files the frame, blocks again); with Python's
-default switch interval (5 ms) a waiting thread may sit idle that long before the lock is
-handed over (in a two-process test, a step of 2 ms of work and one message each way took
-7.0-7.5 ms; docs/strategies.md, "Stragglers"). So the receivers talk to the process groups
-directly (no per-call wrapper code under the lock), reuse the header buffer, and
-`start_messages` lowers the switch interval to `SWITCH_INTERVAL`.
+Why not gloo, which carried these messages before: gloo sends a payload only once the
+receiver's "ready" notice has come, and that notice queues behind whatever its side is
+already sending, so the two directions of a link took turns unless receives were posted far
+ahead (three groups and a header thread did that, and still left the links idle part of the
+time on 3-4 emulated hosts: docs/multihost.md). TCP needs no notice: both directions of every
+connection carry data at once. And a connection that ends without a goodbye frame is a peer
+that died: the waits that expect its messages fail at once with PeerLost, where gloo waited
+for its timeout.
 
-Three groups keep the messages full duplex. Gloo writes a payload only once the receiver's
-"ready" notice for it has arrived (sent when the receiver posts the payload's receive, after
-its header has come), and a group holds one TCP connection per pair of ranks. With one group
-for everything, the notice a rank sends for its peer's payload queued behind that rank's own
-outgoing payload on the same connection, and the two directions of a link took turns. So
-payloads to a higher rank travel on `up`, to a lower rank on `down` (each connection carries
-one direction's payloads and the other direction's notices only), and headers on `control`,
-where they do not queue behind payloads: the header thread learns of the next messages and
-posts their receives (up to `AHEAD`) while a payload is still arriving, so the notices run
-ahead of the data. All frames from one rank to another use the same groups, and payloads
-are delivered in their headers' order: per sender, in the order sent. Between two emulated
-hosts at 20 Mbit/s each way (benchmarks/netns.py), sgp on 2 workers (340 KB each way per
-step) took 0.329 s per step with one group and 0.194 s with three (simulated: 0.171 s);
-3 workers 0.399 -> 0.273 s. One 340 KB message each way at once, with the links idle
-before, took 0.273 s with one group and 0.14-0.26 s (median of the slower side 0.20 s) with
-three, against 0.142 s one way: a notice that leaves after the other direction's data has
-started still waits behind that data in the link's queue (plain gloo, all receives posted
-before any send, 0.144 s).
+The receiver threads share the interpreter lock with the training thread; each frame hands
+it over a few times, and with Python's default switch interval (5 ms) a waiting thread may
+sit idle that long: the messenger shortens it to SWITCH_INTERVAL.
 """
 
 from __future__ import annotations
 
 import queue
+import selectors
+import socket
 import sys
 import threading
+import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
 from fastsgd.transport import frames
+from fastsgd.transport.base import PeerLost
 
-HEADER_TAG, PAYLOAD_TAG = 101, 102
 SWITCH_INTERVAL = 0.0005  # s: how long a thread waits for the interpreter lock before asking
-AHEAD = 4  # payload receives posted ahead of delivery, at most (memory: AHEAD payloads)
+HELLO_TAG, GOODBYE_TAG = -2, frames.STOP_TAG
 
 
 class Mailbox:
-    """Messages filed by tag, shared by the receiver thread and the training thread."""
+    """Messages filed by tag, shared by the reader thread and the training thread, and the
+    peers whose connection ended without a goodbye (lost)."""
 
     def __init__(self):
         self._queues: dict[int, deque[tuple[int, torch.Tensor]]] = defaultdict(deque)
         self._cond = threading.Condition()
         self._error: BaseException | None = None
+        self.lost: dict[int, float] = {}  # rank -> time.monotonic() it was found lost
 
     def put(self, tag: int, src: int, payload: torch.Tensor) -> None:
         with self._cond:
@@ -71,78 +61,112 @@ class Mailbox:
 
     def fail(self, error: BaseException) -> None:
         with self._cond:
-            self._error = error
+            self._error = self._error or error
+            self._cond.notify_all()
+
+    def lose(self, rank: int) -> None:
+        with self._cond:
+            self.lost.setdefault(rank, time.monotonic())
             self._cond.notify_all()
 
     def take_all(self, tag: int) -> list[tuple[int, torch.Tensor]]:
         with self._cond:
             self._raise()
-            queue = self._queues[tag]
-            out = list(queue)
-            queue.clear()
+            out = list(self._queues[tag])
+            self._queues[tag].clear()
             return out
 
-    def take_one(self, tag: int, timeout: float) -> tuple[int, torch.Tensor]:
+    def take_one(self, tag: int, timeout: float, src: int | None = None
+                 ) -> tuple[int, torch.Tensor]:
+        """The next message with `tag` (from `src` if given). PeerLost when a peer is found
+        lost while waiting, or when `src` is lost and nothing of it is left."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._error or self._queues[tag], timeout):
+            known = set(self.lost)
+            if not self._cond.wait_for(lambda: self._ready(tag, src, known), timeout):
                 raise TimeoutError(f"no message with tag {tag} within {timeout} s")
             self._raise()
-            return self._queues[tag].popleft()
+            found = self._find(tag, src)
+            if found is None:
+                raise PeerLost([src] if src is not None else sorted(set(self.lost) - known))
+            message = self._queues[tag][found]
+            del self._queues[tag][found]
+            return message
+
+    def _find(self, tag: int, src: int | None) -> int | None:
+        for i, (sender, _) in enumerate(self._queues[tag]):
+            if src is None or sender == src:
+                return i
+        return None
+
+    def _ready(self, tag: int, src: int | None, known: set[int]) -> bool:
+        if self._error is not None or self._find(tag, src) is not None:
+            return True
+        return src in self.lost if src is not None else len(self.lost) > len(known)
 
     def _raise(self) -> None:
         if self._error is not None:
             raise self._error
 
 
-class Messenger:
-    """Sends frames and runs the receiver threads of one process (see module docstring)."""
+class _Link:
+    """The connection to one peer: its sender thread's queue, and the frame being read."""
 
-    def __init__(self, rank: int, world_size: int, on_receive):
+    def __init__(self, sock: socket.socket, peer: int):
+        self.sock, self.peer = sock, peer
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.header = torch.empty(frames.HEADER_WORDS, dtype=torch.int64)
+        self.expect_header()
+
+    def expect_header(self) -> None:
+        self.payload: tuple[int, torch.Tensor] | None = None  # (tag, tensor) once known
+        self.view, self.got = _bytes(self.header), 0
+
+    def expect_payload(self, tag: int, payload: torch.Tensor) -> None:
+        self.payload, self.view, self.got = (tag, payload), _bytes(payload), 0
+
+
+def _bytes(tensor: torch.Tensor) -> memoryview:
+    return memoryview(tensor.view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
+
+
+class Messenger:
+    """Connections to every peer, their sender threads and the reader thread of one process
+    (see the module docstring). `store`: the job's key-value store, where each rank
+    publishes the address it listens on (`host`, a free port) under `key`. `on_receive(tag,
+    payload)` is told of every frame from a peer as it arrives (to count bytes)."""
+
+    def __init__(self, rank: int, world_size: int,
+                 on_receive: Callable[[int, torch.Tensor], None],
+                 store, key: str, host: str):
         self.rank, self.world_size = rank, world_size
-        # collective: every rank creates the three, in this order; their group ranks are the
-        # global ranks (each group holds every rank, in order)
-        self.control = dist.new_group(backend="gloo")  # headers, both ways
-        self.up = dist.new_group(backend="gloo")  # payloads to a higher rank
-        self.down = dist.new_group(backend="gloo")  # payloads to a lower rank
         self.mailbox = Mailbox()
         self._on_receive = on_receive
-        # sends in flight, with their buffers, until the sent thread has seen them out: a gloo
-        # send's Work reports completion only once waited for, so keeping them until
-        # `is_completed()` kept every payload ever sent (1 MB per step per worker for an
-        # MLP's sgp, until the machine ran out of memory)
-        self._sent: queue.SimpleQueue = queue.SimpleQueue()
-        self._send_lock = threading.Lock()  # the training and receiver threads both send
         self._handlers: dict[int, Callable[[int, torch.Tensor], None]] = {}
         # held while a message is filed or handled: a handler takes its tag's messages one
         # at a time and in order, those filed before it was registered first (reentrant: a
         # handler may message its own rank)
         self._dispatch_lock = threading.RLock()
-        self._arrivals: queue.SimpleQueue = queue.SimpleQueue()  # posted payload receives
-        self._slots = threading.Semaphore(AHEAD)  # taken by a posted receive until delivered
-        self._delivering = True  # until the payload thread fails
-        self._threads = [threading.Thread(target=loop, daemon=True, name=f"fastsgd-{name}-{rank}")
-                         for loop, name in ((self._header_loop, "headers"),
-                                            (self._payload_loop, "payloads"),
-                                            (self._sent_loop, "sent"))]
-        if world_size > 1:  # alone, a process only ever messages itself
+        self._links = _connect(rank, world_size, store, key, host)
+        self._selector = selectors.DefaultSelector()
+        for link in self._links.values():
+            self._selector.register(link.sock, selectors.EVENT_READ, link)
+        self._threads = [threading.Thread(target=self._send_loop, args=(link,), daemon=True,
+                                          name=f"fastsgd-send-{rank}-{link.peer}")
+                         for link in self._links.values()]
+        self._threads.append(threading.Thread(target=self._read_loop, daemon=True,
+                                              name=f"fastsgd-read-{rank}"))
+        if world_size > 1:
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
-            for thread in self._threads:
-                thread.start()
-
-    def data_group(self, src: int, dst: int):
-        """The group of every payload from `src` to `dst` (one per pair: in order)."""
-        return self.up if dst > src else self.down
+        for thread in self._threads:
+            thread.start()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
-        payload = tensor.detach().reshape(-1).contiguous().cpu()
+        # a copy: the caller may change `tensor` at once, the sender thread sends it later
+        payload = tensor.detach().reshape(-1).to("cpu", copy=True).contiguous()
         if dst == self.rank:
-            self._dispatch(tag, dst, payload.clone())
-            return
-        data = self.data_group(self.rank, dst)
-        with self._send_lock:
-            header = frames.header(payload, tag)
-            self._sent.put((self.control.send([header], dst, HEADER_TAG), header))
-            self._sent.put((data.send([payload], dst, PAYLOAD_TAG), payload))
+            self._dispatch(tag, dst, payload)
+        elif dst not in self.mailbox.lost:  # a lost peer takes nothing more
+            self._links[dst].outbox.put((frames.header(payload, tag), payload))
 
     def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
         """Hand every message with `tag` to `handler` from now on, starting with those already
@@ -162,61 +186,103 @@ class Messenger:
             else:
                 handler(src, payload)
 
-    def _header_loop(self) -> None:
-        """Take each header, post its payload's receive at once, queue it for delivery."""
-        words = torch.empty(frames.HEADER_WORDS, dtype=torch.int64)  # parsed before reuse
+    def _send_loop(self, link: _Link) -> None:
+        """Frames to one peer, in the order queued; None: send the goodbye, stop. A peer that
+        is gone takes nothing more (as for a crashed worker in the simulator)."""
         try:
-            while True:
-                work = self.control.recv_anysource([words], HEADER_TAG)
-                work.wait()
-                src = work._source_rank()
-                tag, numel, dtype = frames.parse(words, src)
-                if tag == frames.STOP_TAG:
-                    return
-                self._slots.acquire()
-                if not self._delivering:
-                    return
-                payload = torch.empty(numel, dtype=dtype)
-                posted = self.data_group(src, self.rank).recv([payload], src, PAYLOAD_TAG)
-                self._arrivals.put((posted, tag, src, payload))
-        except BaseException as e:  # noqa: BLE001 - handed to the training thread
-            self.mailbox.fail(e)
-        finally:
-            self._arrivals.put(None)  # the payload thread delivers what is queued, then ends
+            while (frame := link.outbox.get()) is not None:
+                header, payload = frame
+                link.sock.sendall(_bytes(header))
+                if payload.numel():
+                    link.sock.sendall(_bytes(payload))
+            link.sock.sendall(_bytes(frames.header(torch.zeros(0), GOODBYE_TAG)))
+        except OSError:
+            self.mailbox.lose(link.peer)
 
-    def _payload_loop(self) -> None:
-        """Deliver payloads in the order their headers came (per sender: the order sent)."""
+    def _read_loop(self) -> None:
+        """Read whatever has arrived on any connection until every peer said goodbye or is
+        gone; file or hand over each whole frame."""
         try:
-            while (arrival := self._arrivals.get()) is not None:
-                posted, tag, src, payload = arrival
-                posted.wait()
-                self._on_receive(frames.frame_bytes(payload))
-                self._dispatch(tag, src, payload)
-                self._slots.release()
-        except BaseException as e:  # noqa: BLE001 - handed to the training thread
-            self.mailbox.fail(e)
-            self._delivering = False
-            self._slots.release()  # the header thread must not wait for this one: it ends
-
-    def _sent_loop(self) -> None:
-        """Wait for each send in turn, then let its buffer go; None: all sent, stop."""
-        try:
-            while (sent := self._sent.get()) is not None:
-                sent[0].wait()
+            while self._selector.get_map():
+                for key, _ in self._selector.select():
+                    self._read(key.data)
         except BaseException as e:  # noqa: BLE001 - handed to the training thread
             self.mailbox.fail(e)
 
-    def close(self) -> None:
-        """Collective: wait until every frame is delivered, then stop the receivers."""
-        if self.world_size == 1:
+    def _read(self, link: _Link) -> None:
+        try:
+            got = link.sock.recv_into(link.view[link.got:])
+        except OSError:
+            got = 0
+        if got == 0:  # the connection ended before a goodbye: the peer died
+            self._selector.unregister(link.sock)
+            self.mailbox.lose(link.peer)
             return
-        with self._send_lock:
-            self._sent.put(None)
-        self._threads[2].join()
-        dist.barrier(group=self.control)
-        stop = torch.zeros(0)
-        right = (self.rank + 1) % self.world_size
-        dist.isend(frames.header(stop, frames.STOP_TAG), right, self.control,
-                   tag=HEADER_TAG).wait()
-        for thread in self._threads[:2]:
-            thread.join(timeout=30)
+        link.got += got
+        if link.got < len(link.view):
+            return
+        if link.payload is None:
+            tag, numel, dtype = frames.parse(link.header, link.peer)
+            if tag == GOODBYE_TAG:
+                self._selector.unregister(link.sock)
+                return
+            link.expect_payload(tag, torch.empty(numel, dtype=dtype))
+            if numel:
+                return
+        tag, payload = link.payload
+        link.expect_header()
+        self._on_receive(tag, payload)
+        self._dispatch(tag, link.peer, payload)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Collective: send every queued frame and a goodbye to each peer, wait until each
+        peer's goodbye came (so everything sent here was delivered) or it is gone."""
+        for link in self._links.values():
+            link.outbox.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+        self._selector.close()
+        for link in self._links.values():
+            link.sock.close()
+
+
+def _connect(rank: int, world_size: int, store, key: str, host: str) -> dict[int, _Link]:
+    """One connection per pair: each rank listens, publishes its address, connects to the
+    ranks above it and accepts those below (in any order: each says who it is first)."""
+    links: dict[int, _Link] = {}
+    if world_size == 1:
+        return links
+    with socket.create_server(("", 0), backlog=world_size) as listener:
+        store.set(f"{key}/{rank}", f"{host}:{listener.getsockname()[1]}")
+        for peer in range(rank + 1, world_size):
+            address, port = store.get(f"{key}/{peer}").decode().rsplit(":", 1)
+            sock = socket.create_connection((address, int(port)))
+            hello = torch.tensor([rank])
+            sock.sendall(bytes(_bytes(frames.header(hello, HELLO_TAG))) + bytes(_bytes(hello)))
+            links[peer] = _Link(_tuned(sock), peer)
+        for _ in range(rank):
+            sock, _ = listener.accept()
+            peer = _hello(_tuned(sock))
+            links[peer] = _Link(sock, peer)
+    return links
+
+
+def _tuned(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers do not wait
+    return sock
+
+
+def _hello(sock: socket.socket) -> int:
+    """The rank a new connection says it comes from."""
+    words = torch.empty(frames.HEADER_WORDS + 1, dtype=torch.int64)
+    view = _bytes(words)
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("a peer closed its connection before saying who it is")
+        got += n
+    tag, numel, dtype = frames.parse(words[:frames.HEADER_WORDS], -1)
+    if tag != HELLO_TAG or numel != 1 or dtype != torch.int64:
+        raise frames.MalformedFrame("a connection to this worker did not start with a hello")
+    return int(words[-1])
