@@ -223,7 +223,9 @@ class TorchTransport:
         the wait for its part at once (PeerLost) instead of at gloo's timeout."""
         self.start_messages()
         messenger = self._require_messages()
-        for dst, tensor in outgoing:
+        # the peer after this one first, as in the simulator: on a ring, each host's first
+        # message then goes to a different host, and every downlink is busy from the start
+        for dst, tensor in sorted(outgoing, key=lambda o: (o[0] - self.rank) % self.world_size):
             messenger.send(tensor, dst, EXCHANGE_TAG)
         for src, buffer in incoming:
             _, payload = self._take(EXCHANGE_TAG, src)
