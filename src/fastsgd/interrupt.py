@@ -87,6 +87,13 @@ def _again(stop: Stop) -> None:
     stop.request()
 
 
+def steps_done(rank: int) -> int | None:
+    """How many steps worker `rank` has done, as the launcher's shared memory says (None
+    outside `fastsgd run`'s own workers and `fastsgd simulate`): for a worker that died,
+    where it stopped."""
+    return None if _SHARED is None else int(_SHARED.progress[rank])
+
+
 def stop_after(rank: int, step: int) -> bool:
     """After each step: record it, and say whether the launcher asks to stop here. Always
     False outside `fastsgd run`'s own workers and `fastsgd simulate` (under torchrun)."""

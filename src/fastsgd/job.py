@@ -33,10 +33,12 @@ from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
+from fastsgd.strategies.membership import carries_on_for_real, first_expendable
 from fastsgd.supervise import supervise
+from fastsgd.transport.rendezvous import peer_gone
 from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
 from fastsgd.transport.sim.compute import compute_model
-from fastsgd.transport.torch_dist import TorchTransport, peer_gone
+from fastsgd.transport.torch_dist import TorchTransport
 from fastsgd.worker import EvalFn, Plan, StepFn, train
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
@@ -124,7 +126,8 @@ class Job:
         config = self._with_workers(workers)
         plan = self.plan(config)
         failures = supervise(plan, lambda attempt: launch(
-            lambda: _train_process(plan), config["run"]["workers"], restart=attempt))
+            lambda: _train_process(plan), config["run"]["workers"], restart=attempt,
+            expendable=_expendable(plan)))
         return _result(plan.run_dir, failures)
 
     def simulate(self, workers: int | None = None, network: Network | None = None,
@@ -272,10 +275,23 @@ def _check_compute(section: dict, workers: int, seed: int) -> None:
         compute_model(section, seed)
 
 
+def _expendable(plan: Plan) -> int | None:
+    """`fastsgd run`'s own workers carry on without a dead one of rank at least this, where
+    the strategy can and no checkpoints are asked for (a checkpoint of the survivors is not
+    built yet: then run.on_failure restarts or stops); None: they never do."""
+    run = plan.config["run"]
+    if (not carries_on_for_real(plan.strategy, plan.compressor) or run["checkpoint_every"]
+            or run["on_failure"] == "stop"):
+        return None
+    return first_expendable(plan.strategy)
+
+
 def _train_process(plan: Plan) -> None:
     run = plan.config["run"]
     transport = TorchTransport(run["backend"], run["timeout"])
     try:
+        if _expendable(plan) is not None:
+            transport.carry_on()
         train(plan, transport)
     finally:
         transport.close()

@@ -3,7 +3,8 @@
 Workers are forked, so a Job built from lambdas and local functions needs no pickling. Each
 runs torch with one intra-op thread, as torchrun does by default (OMP_NUM_THREADS=1): a
 forked child that starts an OpenMP pool of its own after the parent used one hangs (libgomp
-is not fork-safe). If one worker fails, the others are stopped and its message is raised.
+is not fork-safe). If one worker fails, the others are stopped and its message is raised,
+unless it was killed and the others carry on without it (`expendable`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -31,10 +33,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(fn: Callable[[], object], workers: int, restart: int = 0) -> None:
+def launch(fn: Callable[[], object], workers: int, restart: int = 0,
+           expendable: int | None = None) -> None:
     """Run `fn()` in `workers` processes with RANK/WORLD_SIZE/MASTER_* set (and
     FASTSGD_RESTART, how many times the run was restarted); wait for all. The first worker
-    that fails stops the others at once."""
+    that fails stops the others at once, except a worker of rank `expendable` or above
+    killed by a signal: the others carry on without it (one line says so)."""
     if torch.cuda.is_initialized():  # a forked child cannot use the parent's CUDA context
         raise UserError("this process used CUDA before starting its workers, and forked "
                         "workers cannot use it: start them first, or use torchrun")
@@ -48,7 +52,7 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0) -> None:
         try:
             for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
                 p.start()
-            _wait(procs, errors)
+            _wait(procs, errors, expendable)
         except KeyboardInterrupt:
             _stop(procs, stop)
         finally:
@@ -70,18 +74,25 @@ def _end(procs: list[mp.process.BaseProcess]) -> None:
             p.join()
 
 
-def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue) -> None:
+def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
+          expendable: int | None) -> None:
     """Until all have ended; a failure is seen the moment its process ends."""
-    running = list(procs)
+    running, lost = list(procs), set()
     while running:
         for sentinel in connection.wait([p.sentinel for p in running]):
             p = next(p for p in running if p.sentinel == sentinel)
             p.join()
             running.remove(p)
-            if p.exitcode != 0:
+            rank = procs.index(p)
+            if p.exitcode < 0 and expendable is not None and rank >= expendable:
+                lost.add(rank)
+                print(f"fastsgd: {_failure(rank, p.exitcode, errors)}; the others carry on "
+                      "without it", file=sys.stderr, flush=True)
+            elif p.exitcode != 0:
                 # a worker that vanished (a signal) is the cause; its peers' connection
                 # errors, which may come first, are the consequence
-                dead = [q for q in procs if q.exitcode is not None and q.exitcode < 0]
+                dead = [q for q in procs if q.exitcode is not None and q.exitcode < 0
+                        and procs.index(q) not in lost]
                 first = dead[0] if dead else p
                 raise _failure(procs.index(first), first.exitcode, errors)
 

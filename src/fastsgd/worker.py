@@ -152,8 +152,9 @@ class _Loop:
             self.progress.update(k + 1, loss, self.log.last and self.log.last[1])
             if every and ((k + 1) % every == 0 or k + 1 == self.steps):
                 resume.save(self, k + 1)
-            resume.kill_if_asked(self.rank, k + 1)
-            if k + 1 < self.steps and interrupt.stop_after(self.rank, k + 1):
+            stop = k + 1 < self.steps and interrupt.stop_after(self.rank, k + 1)
+            resume.kill_if_asked(self.rank, k + 1)  # after its progress is recorded
+            if stop:
                 if not (every and (k + 1) % every == 0):
                     resume.save(self, k + 1)
                 self.progress.close()
@@ -318,6 +319,17 @@ class _Loop:
         write_json(self.plan.run_dir / "summary.json", summary)
         return summary
 
+    def lost_workers(self) -> list[dict[str, Any]]:
+        """Who left, at which step, when. On real processes the launcher's shared memory
+        knows how far a dead worker got; rank 0's own view (its last message from it) may
+        be older."""
+        lost = []
+        for r, (step, when) in sorted(self.t.departed().items()):
+            done = None if self.plan.simulated else interrupt.steps_done(r)
+            lost.append({"worker": r, "step": step if done is None else done,
+                         "time": round(when - self.start, 9)})
+        return lost
+
     def summary(self, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
         cfg = self.plan.config
         last = self.log.last
@@ -339,8 +351,7 @@ class _Loop:
             "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
             "skipped_steps": int(totals[3]),  # worker-steps with a NaN or inf loss or gradient
             "consensus_distance": last[3], "representative": cfg["run"]["representative"],
-            "lost_workers": [{"worker": r, "step": step, "time": round(when - self.start, 9)}
-                             for r, (step, when) in sorted(self.t.departed().items())],
+            "lost_workers": self.lost_workers(),
             "mode": "simulated" if self.plan.simulated else "real",
             "run_dir": str(self.plan.run_dir),
         }

@@ -10,7 +10,7 @@ import torch
 
 from fastsgd.errors import UserError
 from fastsgd.launch import free_port
-from fastsgd.transport.torch_dist import pick_backend
+from fastsgd.transport.rendezvous import pick_backend
 
 
 def test_auto_is_gloo_when_workers_outnumber_gpus(monkeypatch):

@@ -160,7 +160,7 @@ def _vanishes(t):
     import os
     import time
 
-    from fastsgd.transport.torch_dist import PeerGone
+    from fastsgd.transport.rendezvous import PeerGone
 
     t.start_messages()
     if t.rank == 1:

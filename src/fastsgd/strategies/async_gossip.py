@@ -67,6 +67,7 @@ class SGP(_OnGraph):
     DRAINS_AT_END = True  # takes in every push still on the wire (ctx.total_steps)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = CODEC_KINDS  # a lost worker's share is dropped with its weight
+    CARRIES_ON_REAL = True  # also on real processes: no collective while training
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
         "onepeer"), "gamma": Option(float, 0.5, between(0, 1), "push step (lossy codecs only)"),
         **END_OPTIONS}
@@ -196,6 +197,7 @@ class ADPSGD(_OnGraph):
     DRAINS_AT_END = True  # answers and collects every exchange still out (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = CODEC_KINDS  # an exchange with a lost peer is given up
+    CARRIES_ON_REAL = True  # also on real processes: no collective while training
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "rotate": Option(bool, False, doc="rotate partners (GossipGraD)"), **END_OPTIONS}
 

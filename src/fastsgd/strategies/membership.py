@@ -19,6 +19,21 @@ from fastsgd.topology import Topology
 from fastsgd.transport.base import PeerLost, Transport
 
 
+def carries_on_for_real(strategy: object, codec: object) -> bool:
+    """Do real worker processes of this strategy carry on without a dead one? Those that
+    wait for no collective while training (CARRIES_ON_REAL), with a codec whose state does
+    not tie the dead to the living (CARRIES_ON)."""
+    return (getattr(strategy, "CARRIES_ON_REAL", False)
+            and getattr(codec, "kind", "exact") in getattr(strategy, "CARRIES_ON", ()))
+
+
+def first_expendable(strategy: object) -> int:
+    """The lowest rank the others can carry on without: worker 0 writes the run's results,
+    and a parameter server's ranks hold shards nobody else has."""
+    return max(1, getattr(strategy, "servers", 1) if getattr(strategy, "name", "") == "ps"
+               else 1)
+
+
 def gone_at(transport: Transport, step: int) -> set[int]:
     """The ranks known to have left at or before `step`."""
     return {r for r, (left, _) in transport.departed().items() if left <= step}

@@ -49,6 +49,7 @@ class ParameterServer(Configurable, section="strategy"):
     DRAINS_AT_END = True  # a final push and fetch, waited for (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = CODEC_KINDS  # a server forgets a lost worker (not a lost server)
+    CARRIES_ON_REAL = True  # also on real processes: no collective while training
     OPTIONS = {
         "n_push": Option(int, 1, at_least(1), "steps between pushes"),
         "n_fetch": Option(int, 1, at_least(1), "steps between fetches"),
@@ -99,7 +100,8 @@ class ParameterServer(Configurable, section="strategy"):
             t.serve(PUSH, lambda src, m: self._apply_push(state, src, m))
             self._final: set[int] = set()  # workers whose final fetch waits for the others
             self._final_answered = False
-            t.serve(FETCH, lambda src, m: self._on_fetch(t, state, src, bool(m[0])))
+            self._lost: set[int] = set()  # workers lost, as the final fetches tell
+            t.serve(FETCH, lambda src, m: self._on_fetch(t, state, src, m))
         return state
 
     # ---- the server role ----------------------------------------------------------------
@@ -113,12 +115,16 @@ class ParameterServer(Configurable, section="strategy"):
             state["shard"].add_(delta, alpha=scale)
             state["version"] += 1
 
-    def _on_fetch(self, t, state: dict[str, Any], src: int, final: bool) -> None:
-        if not final:
+    def _on_fetch(self, t, state: dict[str, Any], src: int, fetch: torch.Tensor) -> None:
+        """A fetch: [0], or [1, the workers the sender knows lost...] for a final one (on
+        real processes a worker may learn of a loss before its server does)."""
+        if not fetch[0]:
             return self._answer_fetch(t, state, src)
         with self._lock:  # (a worker asks again after a loss: the survivors may be all in)
             self._final.add(src)
-            done = self._final_answered or not set(t.members()) <= self._final
+            self._lost.update(int(r) for r in fetch[1:])
+            done = (self._final_answered
+                    or not set(t.members()) - self._lost <= self._final)
             self._final_answered = self._final_answered or not done
         for worker in [] if done else sorted(self._final):
             self._answer_fetch(t, state, worker)
@@ -154,7 +160,7 @@ class ParameterServer(Configurable, section="strategy"):
                 if self._asked[k] and not last:
                     continue  # the last request is still unanswered: no pile-up
                 self._asked[k].append(self._pushed[part].clone())
-                t.post(torch.full((1,), float(last)), k, FETCH)
+                t.post(_final_fetch(t) if last else torch.zeros(1), k, FETCH)
         if last:
             local = self._take_replies(local, self._final_replies(t), step, state)
         ctx.stats["staleness"] = step - self._last_fetch
@@ -169,7 +175,7 @@ class ParameterServer(Configurable, section="strategy"):
                 replies.append(t.wait_message(PARAMS))
             except PeerLost:
                 for k in range(self.servers):
-                    t.post(torch.ones(1), k, FETCH)
+                    t.post(_final_fetch(t), k, FETCH)
         return replies
 
     def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
@@ -229,3 +235,8 @@ def receive(codec: Compressor, buffer: torch.Tensor, like: torch.Tensor,
             src: int) -> tuple[torch.Tensor, int]:
     payload = unpack(buffer, [*codec.FIELDS, "version"], src)
     return codec.decode(payload, like), int(payload.pop("version"))
+
+
+def _final_fetch(t) -> torch.Tensor:
+    """A final fetch, with the workers this one knows lost."""
+    return torch.tensor([1.0, *sorted(t.departed())])

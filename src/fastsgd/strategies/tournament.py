@@ -29,6 +29,7 @@ class Tournament(Configurable, section="strategy"):
     name = "ltfb"
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = CODEC_KINDS  # a lost partner's round is skipped
+    CARRIES_ON_REAL = True  # also on real processes: no collective while training
     OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds"),
                "adapt_optimizer": ADAPT_OPTION}
 

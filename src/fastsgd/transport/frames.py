@@ -1,8 +1,8 @@
 """Typed tensor frames: how an asynchronous message crosses the wire.
 
-A frame is a fixed header (int64 x 8: magic, version, tag, element count, dtype code) then
-the payload tensor. Nothing received from a peer is unpickled; a header that does not
-parse is an error that names the peer.
+A frame is a fixed header (int64 x 8: magic, version, tag, element count, dtype code, the
+sender's step) then the payload tensor. Nothing received from a peer is unpickled; a header
+that does not parse is an error that names the peer.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ class MalformedFrame(UserError):
     """A peer sent bytes that are not a fastsgd frame (another program, a version skew)."""
 
 
-def header(tensor: torch.Tensor, tag: int) -> torch.Tensor:
+def header(tensor: torch.Tensor, tag: int, step: int = 0) -> torch.Tensor:
     if tensor.dtype not in DTYPES:
         raise TypeError(f"cannot send a tensor of dtype {tensor.dtype}")
-    words = [MAGIC, VERSION, tag, tensor.numel(), DTYPES.index(tensor.dtype)]
+    words = [MAGIC, VERSION, tag, tensor.numel(), DTYPES.index(tensor.dtype), step]
     return torch.tensor(words + [0] * (HEADER_WORDS - len(words)), dtype=torch.int64)
 
 
@@ -44,6 +44,11 @@ def parse(words: torch.Tensor, peer: int) -> tuple[int, int, torch.dtype]:
         raise MalformedFrame(f"malformed frame from worker {peer}: dtype code {code}, "
                              f"{numel} elements")
     return tag, numel, DTYPES[code]
+
+
+def step_of(words: torch.Tensor) -> int:
+    """The step the sender was at when it sent the frame (0 where it does not say)."""
+    return int(words[5])
 
 
 def frame_bytes(tensor: torch.Tensor) -> int:

@@ -52,7 +52,8 @@ class Mailbox:
         self._queues: dict[int, deque[tuple[int, torch.Tensor]]] = defaultdict(deque)
         self._cond = threading.Condition()
         self._error: BaseException | None = None
-        self.lost: dict[int, float] = {}  # rank -> time.monotonic() it was found lost
+        self.lost: dict[int, float] = {}  # rank -> time.perf_counter() it was found lost
+        self._told: set[int] = set()  # the lost that a wait for any sender has reported
 
     def put(self, tag: int, src: int, payload: torch.Tensor) -> None:
         with self._cond:
@@ -66,7 +67,7 @@ class Mailbox:
 
     def lose(self, rank: int) -> None:
         with self._cond:
-            self.lost.setdefault(rank, time.monotonic())
+            self.lost.setdefault(rank, time.perf_counter())
             self._cond.notify_all()
 
     def take_all(self, tag: int) -> list[tuple[int, torch.Tensor]]:
@@ -78,16 +79,19 @@ class Mailbox:
 
     def take_one(self, tag: int, timeout: float, src: int | None = None
                  ) -> tuple[int, torch.Tensor]:
-        """The next message with `tag` (from `src` if given). PeerLost when a peer is found
-        lost while waiting, or when `src` is lost and nothing of it is left."""
+        """The next message with `tag` (from `src` if given). PeerLost when `src` is lost and
+        nothing of it is left; without `src`, when peers were found lost since the last such
+        report (not only since this call began: the caller counted what it expects before
+        calling, and a loss in between would leave it waiting for good)."""
         with self._cond:
-            known = set(self.lost)
-            if not self._cond.wait_for(lambda: self._ready(tag, src, known), timeout):
+            if not self._cond.wait_for(lambda: self._ready(tag, src), timeout):
                 raise TimeoutError(f"no message with tag {tag} within {timeout} s")
             self._raise()
             found = self._find(tag, src)
             if found is None:
-                raise PeerLost([src] if src is not None else sorted(set(self.lost) - known))
+                news = [src] if src is not None else sorted(set(self.lost) - self._told)
+                self._told.update(news)
+                raise PeerLost(news)
             message = self._queues[tag][found]
             del self._queues[tag][found]
             return message
@@ -98,10 +102,10 @@ class Mailbox:
                 return i
         return None
 
-    def _ready(self, tag: int, src: int | None, known: set[int]) -> bool:
+    def _ready(self, tag: int, src: int | None) -> bool:
         if self._error is not None or self._find(tag, src) is not None:
             return True
-        return src in self.lost if src is not None else len(self.lost) > len(known)
+        return src in self.lost if src is not None else bool(set(self.lost) - self._told)
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -146,6 +150,7 @@ class Messenger:
         # at a time and in order, those filed before it was registered first (reentrant: a
         # handler may message its own rank)
         self._dispatch_lock = threading.RLock()
+        self.last_step: dict[int, int] = {}  # per peer: the step of its last whole frame
         self._links = _connect(rank, world_size, store, key, host)
         self._selector = selectors.DefaultSelector()
         for link in self._links.values():
@@ -160,13 +165,13 @@ class Messenger:
         for thread in self._threads:
             thread.start()
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, step: int = 0) -> None:
         # a copy: the caller may change `tensor` at once, the sender thread sends it later
         payload = tensor.detach().reshape(-1).to("cpu", copy=True).contiguous()
         if dst == self.rank:
             self._dispatch(tag, dst, payload)
         elif dst not in self.mailbox.lost:  # a lost peer takes nothing more
-            self._links[dst].outbox.put((frames.header(payload, tag), payload))
+            self._links[dst].outbox.put((frames.header(payload, tag, step), payload))
 
     def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
         """Hand every message with `tag` to `handler` from now on, starting with those already
@@ -230,6 +235,8 @@ class Messenger:
             if numel:
                 return
         tag, payload = link.payload
+        # only now: a frame cut short by its sender's death was never sent
+        self.last_step[link.peer] = frames.step_of(link.header)
         link.expect_header()
         self._on_receive(tag, payload)
         self._dispatch(tag, link.peer, payload)

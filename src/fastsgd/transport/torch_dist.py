@@ -9,15 +9,9 @@ Bytes are counted by the same per-algorithm rules as the simulator (transport/ba
 from __future__ import annotations
 
 import atexit
-import contextlib
-import datetime
 import os
-import socket
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -42,6 +36,13 @@ from fastsgd.transport.base import (
 )
 from fastsgd.transport.frames import frame_bytes
 from fastsgd.transport.messages import Messenger
+from fastsgd.transport.rendezvous import (
+    PeerGone,
+    address_towards,
+    pick_backend,
+    rendezvous,
+)
+from fastsgd.transport.survivors import Survivors
 
 
 class _Work:
@@ -52,82 +53,8 @@ class _Work:
         self._work.wait()
 
 
-def pick_backend(backend: str = "auto") -> str:
-    """`auto` is NCCL when every worker on this machine has a GPU of its own (NCCL refuses
-    two ranks on one GPU), else gloo."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if backend == "auto":
-        return "nccl" if dist.is_nccl_available() and 0 < local <= gpus else "gloo"
-    if backend == "nccl" and local > gpus:
-        have = "no GPU is visible" if gpus == 0 else f"this machine has {gpus}"
-        raise UserError(f"run.backend = 'nccl' needs a GPU for each of the {local} workers "
-                        f"on this machine, and {have} (use run.backend = 'gloo')")
-    return backend
-
-
-def _rendezvous(backend: str, timeout: float) -> None:
-    """init_process_group, with one line naming the port or the address when it fails
-    (c10d also logs the failure, with a C++ backtrace, on stderr: that is held back and
-    shown only if the rendezvous succeeds)."""
-    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    try:
-        with _stderr_held():
-            dist.init_process_group(backend, init_method="env://",
-                                    timeout=datetime.timedelta(seconds=timeout))
-    except dist.DistNetworkError as e:
-        reason = str(e).splitlines()[0]
-        if "EADDRINUSE" in reason:
-            raise UserError(f"the rendezvous port {os.environ['MASTER_PORT']} "
-                            f"(MASTER_PORT) is busy on {os.environ['MASTER_ADDR']}: another "
-                            "job holds it; choose another port") from None
-        raise UserError(f"cannot reach the rendezvous at {where} (MASTER_ADDR:MASTER_PORT) "
-                        f"within run.timeout = {timeout:g} s: {reason}") from None
-
-
-@contextlib.contextmanager
-def _stderr_held() -> Iterator[None]:
-    """File descriptor 2 goes to a temporary file (C++ writes there too) for the block;
-    what was written is shown afterwards if the block succeeds, dropped if it raises."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+") as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        held.seek(0)
-        sys.stderr.write(held.read())
-
-
 EXCHANGE_TAG = -3  # the messages of `exchange` on CPU
-
-
-class _Instances:
-    made = 0  # messengers made in this process: their store keys must not meet
-
-
-def _address_towards(master: str) -> str:
-    """This host's address on the interface that leads to the rendezvous host (where the
-    peers can reach it; 127.0.0.1 for a local job)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((master, 9))  # a datagram socket sends nothing on connect
-        return probe.getsockname()[0]
-
-
-PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
-
-
-class PeerGone(RuntimeError):
-    """The messenger's connection to a peer ended without a goodbye: the peer died."""
-
-
-def peer_gone(error: BaseException) -> bool:
-    """Is this gloo or the messenger telling that a peer process vanished (killed, crashed)?"""
-    return isinstance(error, PeerGone) or (
-        isinstance(error, RuntimeError) and any(s in str(error) for s in PEER_GONE))
+_messengers_made = 0  # in this process: their store keys must not meet
 
 
 class TorchTransport:
@@ -150,7 +77,7 @@ class TorchTransport:
             torch.cuda.set_device(self.device)
         self._owns_default_group = not dist.is_initialized()  # else the user's: left alone
         if self._owns_default_group:
-            _rendezvous(backend, timeout)
+            rendezvous(backend, timeout)
         # Every collective runs on this group, which only the transport holds, so close()
         # really destroys it and joins its gloo threads. The default group can be held past
         # destroy_process_group by anyone (torch.distributed.nn.functional binds it as a
@@ -172,16 +99,23 @@ class TorchTransport:
         self.bytes_received = 0
         self._start = time.perf_counter()
         self._messenger: Messenger | None = None
+        self._survivors: Survivors | None = None  # carry_on(): collectives as messages
+        self._step = 0  # the step being computed (compute()): it stamps each message
         self._received_lock = threading.Lock()
         atexit.register(self.close)  # a script that never closes, e.g. after an error
 
     def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
+        if self._survivors:
+            self._survivors.all_reduce(tensor)
+            return Done()
         size = ring_allreduce_bytes(nbytes(tensor), self.world_size)
         self._count(size, size)
         work = dist.all_reduce(tensor, group=self._group, async_op=async_op)
         return _Work(work) if async_op else Done()
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        if self._survivors:
+            return self._survivors.all_gather(tensor)
         size = ring_allgather_bytes(nbytes(tensor), self.world_size)
         self._count(size, size)
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
@@ -189,6 +123,8 @@ class TorchTransport:
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        if self._survivors:
+            return self._survivors.broadcast(tensor, src)
         size = nbytes(tensor)
         self._count(tree_broadcast_bytes(size, self.world_size, self.rank, src),
                     0 if self.rank == src else size)
@@ -220,27 +156,40 @@ class TorchTransport:
         side's own outgoing data: gloo's exchange left the links idle part of the time
         (3 emulated hosts, ring, 20 Mbit/s: 0.37 s per step against 0.30-0.34 s for plain
         sockets and 0.285 s for both links busy, docs/multihost.md). A peer found dead ends
-        the wait for its part at once (PeerLost) instead of at gloo's timeout."""
+        the wait for its part at once (PeerGone) instead of at gloo's timeout."""
         self.start_messages()
         messenger = self._require_messages()
         # the peer after this one first, as in the simulator: on a ring, each host's first
         # message then goes to a different host, and every downlink is busy from the start
         for dst, tensor in sorted(outgoing, key=lambda o: (o[0] - self.rank) % self.world_size):
             messenger.send(tensor, dst, EXCHANGE_TAG)
-        for src, buffer in incoming:
-            _, payload = self._take(EXCHANGE_TAG, src)
-            buffer.copy_(payload.view_as(buffer))
+        lost = []
+        for src, buffer in incoming:  # every other part first, as the simulator's exchange
+            try:
+                buffer.copy_(self.take_from(EXCHANGE_TAG, src).view_as(buffer))
+            except PeerLost:
+                lost.append(src)
+        if lost:
+            raise PeerLost(lost)
+
+    def take_from(self, tag: int, src: int) -> torch.Tensor:
+        """The next message with `tag` from `src` (PeerLost when `src` is gone)."""
+        return self._take(tag, src)[1].to(self.device)
 
     def _take(self, tag: int, src: int | None = None) -> tuple[int, torch.Tensor]:
-        """The messenger's next message; a lost peer ends this worker (PeerGone): real
-        processes do not carry on without the dead yet, `fastsgd run` and torchrun restart
-        or stop every worker (supervise.py)."""
+        """The messenger's next message. A lost peer: PeerLost for workers that carry on
+        without it (carry_on), else it ends this worker (PeerGone, one line), and `fastsgd
+        run` or torchrun restart or stop every worker (supervise.py)."""
         try:
             return self._require_messages().mailbox.take_one(tag, self._timeout, src)
         except PeerLost as e:
+            if self._survivors:
+                raise
             raise PeerGone(f"{e} (its connection closed)") from None
 
     def barrier(self) -> None:
+        if self._survivors:
+            return self._survivors.barrier()
         dist.barrier(group=self._group)
 
     def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
@@ -269,18 +218,19 @@ class TorchTransport:
     def start_messages(self) -> None:
         """Collective: connect to every peer for asynchronous messages (messages.py)."""
         if self._messenger is None:
-            _Instances.made += 1  # every rank makes its transports in the same order
+            global _messengers_made
+            _messengers_made += 1  # every rank makes its transports in the same order
             store = dist.distributed_c10d._get_default_store()
             self._messenger = Messenger(self.rank, self.world_size, self._count_received,
-                                        store, f"fastsgd/messages/{_Instances.made}",
-                                        _address_towards(os.environ["MASTER_ADDR"]))
+                                        store, f"fastsgd/messages/{_messengers_made}",
+                                        address_towards(os.environ["MASTER_ADDR"]))
 
     def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
         """Send an asynchronous message; the receiver takes it with poll or wait_message.
         Over TCP nothing is lost, `droppable` or not."""
         if dst != self.rank:  # a message to oneself never leaves the process
             self._count(frame_bytes(tensor), 0)
-        self._require_messages().send(tensor, dst, tag)
+        self._require_messages().send(tensor, dst, tag, self._step)
 
     def serve(self, tag: int, handler) -> None:
         """Run `handler(src, payload)` for each message with `tag` as it arrives (on the
@@ -309,11 +259,26 @@ class TorchTransport:
         if tag != EXCHANGE_TAG:
             self._count(0, frame_bytes(payload))
 
+    def carry_on(self) -> None:
+        """Collective: from now on a dead peer is a departure (members, departed, PeerLost)
+        the strategy carries on without, and collectives run among the living as messages
+        (survivors.py). For `fastsgd run`'s own workers of a strategy that carries on."""
+        self.start_messages()
+        self._survivors = Survivors(self)
+
     def members(self) -> list[int]:
-        return list(range(self.world_size))  # a dead peer stops the run (supervise.py)
+        gone = self.departed()
+        return [r for r in range(self.world_size) if r not in gone]
 
     def departed(self) -> dict[int, tuple[int, float]]:
-        return {}
+        """The peers whose connection ended without a goodbye, when carrying on. The step it
+        left at is the one after the last it sent this worker a message from: TCP
+        delivered everything it sent before dying."""
+        if self._survivors is None or self._messenger is None:
+            return {}
+        last = self._messenger.last_step
+        return {r: (last.get(r, -1) + 1, when - self._start)
+                for r, when in sorted(self._messenger.mailbox.lost.items())}
 
     def now(self) -> float:
         if self.device.type == "cuda":
@@ -324,7 +289,8 @@ class TorchTransport:
         """Real time cannot be paused; kept for symmetry with the simulator."""
 
     def compute(self, phase: str, step: int) -> None:
-        """Real compute took the time it took: nothing to charge."""
+        """Real compute took the time it took: nothing to charge; the step stamps messages."""
+        self._step = step
 
     def close(self) -> None:
         """Stop the messenger and destroy this transport's group, and the default group if
