@@ -70,6 +70,11 @@ class Mailbox:
             self.lost.setdefault(rank, time.perf_counter())
             self._cond.notify_all()
 
+    def lost_now(self) -> dict[int, float]:
+        """A copy of `lost` (the reader and sender threads add to it)."""
+        with self._cond:
+            return dict(self.lost)
+
     def take_all(self, tag: int) -> list[tuple[int, torch.Tensor]]:
         with self._cond:
             self._raise()

@@ -278,7 +278,7 @@ class TorchTransport:
             return {}
         last = self._messenger.last_step
         return {r: (last.get(r, -1) + 1, when - self._start)
-                for r, when in sorted(self._messenger.mailbox.lost.items())}
+                for r, when in sorted(self._messenger.mailbox.lost_now().items())}
 
     def now(self) -> float:
         if self.device.type == "cuda":
