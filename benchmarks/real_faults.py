@@ -62,6 +62,10 @@ def run(strategy: str, args: argparse.Namespace, out: Path, kill: int) -> dict[s
             "wall_s": round(time.monotonic() - began, 1), "stderr": err.strip()}
 
 
+def _seconds(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.1f} s"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--strategies", nargs="+", default=["sgp", "adpsgd", "ps", "ltfb"])
@@ -85,7 +89,7 @@ def main() -> None:
             continue
         lost = ", ".join(f"{w['worker']}: {w['step']}" for w in hit["lost"])
         print(f"| {hit['strategy']} | {lost} | {hit['accuracy']:.2%} | {calm['accuracy']:.2%} "
-              f"| {hit['time_to_85']} | {calm['time_to_85']} |")
+              f"| {_seconds(hit['time_to_85'])} | {_seconds(calm['time_to_85'])} |")
     if args.json:
         args.json.write_text(json.dumps({"command": sys.argv, "rows": rows}, indent=1))
 
