@@ -61,11 +61,13 @@ def leftovers(prefix: str) -> list[str]:
 
 class EmulatedHosts:
     """`n` hosts 10.239.0.1..n on one bridge; every link `rate` (tc syntax, e.g. 20mbit)
-    each way, token bucket `burst` bytes, queue `limit` bytes (large: no drops), `mtu`."""
+    each way, token bucket `burst` bytes, queue `limit` bytes (large: no drops), `mtu`;
+    `sysctls` ("net.ipv4.tcp_slow_start_after_idle=0", ...) set in every host."""
 
     def __init__(self, n: int, rate: str, burst: str = "16kb", limit: str = "8mb",
-                 mtu: int = 1500, prefix: str | None = None):
+                 mtu: int = 1500, prefix: str | None = None, sysctls: tuple[str, ...] = ()):
         self.n, self.rate, self.burst, self.limit, self.mtu = n, rate, burst, limit, mtu
+        self.sysctls = sysctls
         self.prefix = prefix or f"fsgd{os.getpid()}"
         self.made: list[str] = []  # namespaces, in creation order
 
@@ -111,6 +113,9 @@ class EmulatedHosts:
             _ip("-n", host, "link", "set", "lo", "up")
             self._shape(host, inside)  # uplink: what the host sends
             self._shape(sw, outside)  # downlink: what the bridge hands the host
+            for setting in self.sysctls:
+                subprocess.run([*self.exec_prefix(i), "sysctl", "-q", "-w", setting],
+                               check=True, capture_output=True, timeout=30)
 
     def _add_namespace(self, name: str) -> None:
         _ip("netns", "add", name)

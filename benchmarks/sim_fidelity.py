@@ -171,7 +171,8 @@ def run_all(args: argparse.Namespace, children: Children, runs: Path) -> list[di
     rows: list[dict[str, Any]] = []
     rate = args.bandwidth.lower().replace("/s", "")  # tc: 20mbit = 20e6 bit/s, as fastsgd
     for n in args.workers:
-        with EmulatedHosts(n, rate, args.burst, args.limit, args.mtu) as hosts:
+        with EmulatedHosts(n, rate, args.burst, args.limit, args.mtu,
+                           sysctls=tuple(args.sysctl)) as hosts:
             rtt = hosts.round_trip(0, 1)
             latency = f"{rtt / 2 * 1e6:.0f}us"
             print(f"{n} hosts: {args.bandwidth} each way (tbf burst {args.burst}), round "
@@ -214,6 +215,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--burst", default="16kb", help="tc tbf burst of every link")
     p.add_argument("--limit", default="8mb", help="tc tbf queue of every link (bytes)")
     p.add_argument("--mtu", type=int, default=1500, help="of every link (9000: jumbo frames)")
+    p.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
+                   help="set in every host's namespace (e.g. net.ipv4.tcp_slow_start_after_idle=0)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a fastsgd key for both runs (repeatable)")
     p.add_argument("--sim-set", action="append", default=[], metavar="KEY=VALUE",

@@ -36,3 +36,43 @@ def test_the_survivors_carry_on_without_a_killed_worker(strategy, tmp_path):
     ranks = {json.loads(line)["rank"] for line in (tmp_path / "metrics.jsonl").open()
              if json.loads(line)["step"] > KILLED_AT + 10}
     assert ranks == {0, 1, 3}  # the survivors went on to the end
+
+
+
+def _truncated(out):
+    """Worker 1 sends one whole message of step 5, then dies halfway through the next one's
+    frame (step 6). Worker 0 takes the whole one, is told of the loss, and counts the dead
+    as having left at step 6: the cut frame was never sent."""
+    import torch
+
+    from fastsgd.transport import frames
+    from fastsgd.transport.base import PeerLost
+    from fastsgd.transport.torch_dist import TorchTransport
+
+    t = TorchTransport("gloo", timeout=60)
+    t.carry_on()
+    if t.rank == 1:  # straight onto the connection (its sender thread is idle)
+        whole, cut = torch.arange(4.0), torch.ones(1000)
+        wire = b"".join(frames.header(x, 7, step).numpy().tobytes() + x.numpy().tobytes()
+                        for x, step in ((whole, 5), (cut, 6)))
+        t._messenger._links[0].sock.sendall(wire[:-2000])
+        os._exit(0)  # no goodbye: as kill -9 would
+    src, whole = t.wait_message(7)
+    try:
+        t.wait_message(7)
+        lost = None
+    except PeerLost as e:
+        lost = e.peers
+    left = {r: step for r, (step, _) in t.departed().items()}
+    torch.save((src, whole.tolist(), lost, left, t.members()), f"{out}/0.pt")
+    t.close()
+
+
+@pytest.mark.multiproc
+def test_a_frame_cut_short_by_a_death_is_not_delivered(tmp_path):
+    import torch
+
+    from fastsgd.launch import launch
+
+    launch(lambda: _truncated(tmp_path), 2)
+    assert torch.load(tmp_path / "0.pt") == (1, [0.0, 1.0, 2.0, 3.0], [1], {1: 6}, [0])
