@@ -91,6 +91,7 @@ class DPSGD(_OnGraph):
     name = "dpsgd"
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = ("exact",)  # without lost workers (membership.py); CHOCO's copies do not
+    CARRIES_ON_REAL = True  # real rounds that disagree on when a worker left: exchange.py
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "gamma": Option(float, 0.5, between(0, 1), "CHOCO step (lossy codecs only)")}
 

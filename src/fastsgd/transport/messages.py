@@ -49,15 +49,16 @@ class Mailbox:
     peers whose connection ended without a goodbye (lost)."""
 
     def __init__(self):
-        self._queues: dict[int, deque[tuple[int, torch.Tensor]]] = defaultdict(deque)
+        # per tag: (sender, payload, the sender's step)
+        self._queues: dict[int, deque[tuple[int, torch.Tensor, int]]] = defaultdict(deque)
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self.lost: dict[int, float] = {}  # rank -> time.perf_counter() it was found lost
         self._told: set[int] = set()  # the lost that a wait for any sender has reported
 
-    def put(self, tag: int, src: int, payload: torch.Tensor) -> None:
+    def put(self, tag: int, src: int, payload: torch.Tensor, step: int = 0) -> None:
         with self._cond:
-            self._queues[tag].append((src, payload))
+            self._queues[tag].append((src, payload, step))
             self._cond.notify_all()
 
     def fail(self, error: BaseException) -> None:
@@ -78,7 +79,7 @@ class Mailbox:
     def take_all(self, tag: int) -> list[tuple[int, torch.Tensor]]:
         with self._cond:
             self._raise()
-            out = list(self._queues[tag])
+            out = [(src, payload) for src, payload, _ in self._queues[tag]]
             self._queues[tag].clear()
             return out
 
@@ -88,11 +89,23 @@ class Mailbox:
         nothing of it is left; without `src`, when peers were found lost since the last such
         report (not only since this call began: the caller counted what it expects before
         calling, and a loss in between would leave it waiting for good)."""
+        src, payload, _ = self._take(tag, timeout, src, None)
+        return src, payload
+
+    def take_step(self, tag: int, src: int, step: int, timeout: float
+                  ) -> tuple[int, torch.Tensor]:
+        """The first message with `tag` from `src` sent at `step` or before, as (the step it
+        was sent at, payload); later ones wait. PeerLost as take_one."""
+        _, payload, sent_at = self._take(tag, timeout, src, step)
+        return sent_at, payload
+
+    def _take(self, tag: int, timeout: float, src: int | None, upto: int | None
+              ) -> tuple[int, torch.Tensor, int]:
         with self._cond:
-            if not self._cond.wait_for(lambda: self._ready(tag, src), timeout):
+            if not self._cond.wait_for(lambda: self._ready(tag, src, upto), timeout):
                 raise TimeoutError(f"no message with tag {tag} within {timeout} s")
             self._raise()
-            found = self._find(tag, src)
+            found = self._find(tag, src, upto)
             if found is None:
                 news = [src] if src is not None else sorted(set(self.lost) - self._told)
                 self._told.update(news)
@@ -101,14 +114,14 @@ class Mailbox:
             del self._queues[tag][found]
             return message
 
-    def _find(self, tag: int, src: int | None) -> int | None:
-        for i, (sender, _) in enumerate(self._queues[tag]):
-            if src is None or sender == src:
+    def _find(self, tag: int, src: int | None, upto: int | None = None) -> int | None:
+        for i, (sender, _, step) in enumerate(self._queues[tag]):
+            if (src is None or sender == src) and (upto is None or step <= upto):
                 return i
         return None
 
-    def _ready(self, tag: int, src: int | None) -> bool:
-        if self._error is not None or self._find(tag, src) is not None:
+    def _ready(self, tag: int, src: int | None, upto: int | None) -> bool:
+        if self._error is not None or self._find(tag, src, upto) is not None:
             return True
         return src in self.lost if src is not None else bool(set(self.lost) - self._told)
 
@@ -170,13 +183,15 @@ class Messenger:
         for thread in self._threads:
             thread.start()
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int, step: int = 0) -> None:
-        # a copy: the caller may change `tensor` at once, the sender thread sends it later
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, step: int = 0) -> torch.Tensor:
+        """Queue `tensor` for `dst`, stamped with the sender's `step`; returns the copy sent
+        (the caller may change `tensor` at once, the sender thread sends it later)."""
         payload = tensor.detach().reshape(-1).to("cpu", copy=True).contiguous()
         if dst == self.rank:
-            self._dispatch(tag, dst, payload)
+            self._dispatch(tag, dst, payload, step)
         elif dst not in self.mailbox.lost:  # a lost peer takes nothing more
             self._links[dst].outbox.put((frames.header(payload, tag, step), payload))
+        return payload
 
     def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
         """Hand every message with `tag` to `handler` from now on, starting with those already
@@ -188,11 +203,11 @@ class Messenger:
             for src, payload in self.mailbox.take_all(tag):
                 handler(src, payload)
 
-    def _dispatch(self, tag: int, src: int, payload: torch.Tensor) -> None:
+    def _dispatch(self, tag: int, src: int, payload: torch.Tensor, step: int = 0) -> None:
         with self._dispatch_lock:
             handler = self._handlers.get(tag)
             if handler is None:
-                self.mailbox.put(tag, src, payload)
+                self.mailbox.put(tag, src, payload, step)
             else:
                 handler(src, payload)
 
@@ -241,10 +256,10 @@ class Messenger:
                 return
         tag, payload = link.payload
         # only now: a frame cut short by its sender's death was never sent
-        self.last_step[link.peer] = frames.step_of(link.header)
+        step = self.last_step[link.peer] = frames.step_of(link.header)
         link.expect_header()
         self._on_receive(tag, payload)
-        self._dispatch(tag, link.peer, payload)
+        self._dispatch(tag, link.peer, payload, step)
 
     def close(self, timeout: float = 30.0) -> None:
         """Collective: send every queued frame and a goodbye to each peer, wait until each

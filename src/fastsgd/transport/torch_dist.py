@@ -34,6 +34,8 @@ from fastsgd.transport.base import (
     ring_allreduce_bytes,
     tree_broadcast_bytes,
 )
+from fastsgd.transport.exchange import TAG as EXCHANGE_TAG
+from fastsgd.transport.exchange import Exchanges
 from fastsgd.transport.frames import frame_bytes
 from fastsgd.transport.messages import Messenger
 from fastsgd.transport.rendezvous import (
@@ -53,7 +55,6 @@ class _Work:
         self._work.wait()
 
 
-EXCHANGE_TAG = -3  # the messages of `exchange` on CPU
 _messengers_made = 0  # in this process: their store keys must not meet
 
 
@@ -100,6 +101,7 @@ class TorchTransport:
         self._start = time.perf_counter()
         self._messenger: Messenger | None = None
         self._survivors: Survivors | None = None  # carry_on(): collectives as messages
+        self._exchanges: Exchanges | None = None  # gossip rounds on CPU, once started
         self._step = 0  # the step being computed (compute()): it stamps each message
         self._received_lock = threading.Lock()
         atexit.register(self.close)  # a script that never closes, e.g. after an error
@@ -151,26 +153,18 @@ class TorchTransport:
 
     def _exchange_by_messages(self, outgoing: list[tuple[int, torch.Tensor]],
                               incoming: list[tuple[int, torch.Tensor]]) -> None:
-        """On CPU over the messenger's TCP connections, both directions of every link at
-        once. gloo's send waits for the receiver's "ready" notice, which queues behind that
-        side's own outgoing data: gloo's exchange left the links idle part of the time
-        (3 emulated hosts, ring, 20 Mbit/s: 0.37 s per step against 0.30-0.34 s for plain
-        sockets and 0.285 s for both links busy, docs/multihost.md). A peer found dead ends
-        the wait for its part at once (PeerGone) instead of at gloo's timeout."""
-        self.start_messages()
-        messenger = self._require_messages()
-        # the peer after this one first, as in the simulator: on a ring, each host's first
-        # message then goes to a different host, and every downlink is busy from the start
-        for dst, tensor in sorted(outgoing, key=lambda o: (o[0] - self.rank) % self.world_size):
-            messenger.send(tensor, dst, EXCHANGE_TAG)
-        lost = []
-        for src, buffer in incoming:  # every other part first, as the simulator's exchange
-            try:
-                buffer.copy_(self.take_from(EXCHANGE_TAG, src).view_as(buffer))
-            except PeerLost:
-                lost.append(src)
-        if lost:
+        """On CPU: over the messenger's connections (exchange.py)."""
+        if self._exchanges is None:
+            self.start_messages()
+            mailbox = self._require_messages().mailbox
+            self._exchanges = Exchanges(
+                self._require_messages(), self.rank, self.world_size,
+                lambda src, step: mailbox.take_step(EXCHANGE_TAG, src, step, self._timeout))
+        lost = self._exchanges.run(outgoing, incoming, self._step)
+        if lost and self._survivors:
             raise PeerLost(lost)
+        if lost:
+            raise PeerGone(f"{PeerLost(lost)} (its connection closed)")
 
     def take_from(self, tag: int, src: int) -> torch.Tensor:
         """The next message with `tag` from `src` (PeerLost when `src` is gone)."""
