@@ -1,6 +1,6 @@
 """Real worker processes that lose workers halfway and carry on (no restart, no checkpoint).
 
-    python3 benchmarks/real_faults.py [--strategies sgp adpsgd ps ltfb] [--workers 4]
+    python3 benchmarks/real_faults.py [--strategies sgp adpsgd ps ltfb dpsgd] [--workers 4]
         [--steps 1500] [--kill 1] [--json FILE]
 
 MLP on Fashion-MNIST, `fastsgd run` with its own worker processes, batch 32 each, the demo's
@@ -68,7 +68,7 @@ def _seconds(value: float | None) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--strategies", nargs="+", default=["sgp", "adpsgd", "ps", "ltfb"])
+    p.add_argument("--strategies", nargs="+", default=["sgp", "adpsgd", "ps", "ltfb", "dpsgd"])
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--kill", type=int, default=1, help="workers killed halfway")
