@@ -181,3 +181,37 @@ def test_a_peer_that_dies_ends_the_waits_for_it_at_once(tmp_path):
     failures, waited = torch.load(tmp_path / "0.pt")
     assert failures == ["worker 1 left the run (its connection closed)"] * 2
     assert waited < 5  # the transport's timeout is 60 s
+
+
+class _Store:
+    """A store that knows one peer's address (the job's store, for _connect)."""
+
+    def __init__(self, addresses):
+        self.addresses = addresses
+
+    def set(self, key, value):
+        pass
+
+    def get(self, key):
+        return self.addresses[key.rsplit("/", 1)[1]].encode()
+
+
+def test_an_unreachable_message_port_is_one_line_naming_the_peer_and_address():
+    import socket
+
+    from fastsgd.transport.messages import _connect
+
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(UserError, match=f"worker 0 cannot reach worker 1's message port at "
+                                        f"127.0.0.1:{port} "):
+        _connect(0, 2, _Store({"1": f"127.0.0.1:{port}"}), "k", "127.0.0.1", timeout=5)
+
+
+def test_a_peer_that_never_connects_is_one_line_naming_it():
+    from fastsgd.transport.messages import _connect
+
+    with pytest.raises(UserError, match=r"worker 1: no message connection from worker 0 "
+                                        r"within run.timeout = 0.2 s"):
+        _connect(1, 2, _Store({}), "k", "127.0.0.1", timeout=0.2)

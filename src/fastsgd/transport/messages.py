@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 import torch
 
+from fastsgd.errors import UserError
 from fastsgd.transport import frames
 from fastsgd.transport.base import PeerLost
 
@@ -159,7 +160,7 @@ class Messenger:
 
     def __init__(self, rank: int, world_size: int,
                  on_receive: Callable[[int, torch.Tensor], None],
-                 store, key: str, host: str):
+                 store, key: str, host: str, timeout: float = 300.0):
         self.rank, self.world_size = rank, world_size
         self.mailbox = Mailbox()
         self._on_receive = on_receive
@@ -169,7 +170,7 @@ class Messenger:
         # handler may message its own rank)
         self._dispatch_lock = threading.RLock()
         self.last_step: dict[int, int] = {}  # per peer: the step of its last whole frame
-        self._links = _connect(rank, world_size, store, key, host)
+        self._links = _connect(rank, world_size, store, key, host, timeout)
         self._selector = selectors.DefaultSelector()
         for link in self._links.values():
             self._selector.register(link.sock, selectors.EVENT_READ, link)
@@ -273,7 +274,8 @@ class Messenger:
             link.sock.close()
 
 
-def _connect(rank: int, world_size: int, store, key: str, host: str) -> dict[int, _Link]:
+def _connect(rank: int, world_size: int, store, key: str, host: str,
+             timeout: float) -> dict[int, _Link]:
     """One connection per pair: each rank listens, publishes its address, connects to the
     ranks above it and accepts those below (in any order: each says who it is first)."""
     links: dict[int, _Link] = {}
@@ -283,15 +285,34 @@ def _connect(rank: int, world_size: int, store, key: str, host: str) -> dict[int
         store.set(f"{key}/{rank}", f"{host}:{listener.getsockname()[1]}")
         for peer in range(rank + 1, world_size):
             address, port = store.get(f"{key}/{peer}").decode().rsplit(":", 1)
-            sock = socket.create_connection((address, int(port)))
+            sock = _reach(rank, peer, address, int(port), timeout)
             hello = torch.tensor([rank])
             sock.sendall(bytes(_bytes(frames.header(hello, HELLO_TAG))) + bytes(_bytes(hello)))
             links[peer] = _Link(_tuned(sock), peer)
-        for _ in range(rank):
-            sock, _ = listener.accept()
+        listener.settimeout(timeout)
+        while len(links) < world_size - 1:
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                missing = ", ".join(str(r) for r in range(rank) if r not in links)
+                raise UserError(f"worker {rank}: no message connection from worker {missing} "
+                                f"within run.timeout = {timeout:g} s (each worker's message "
+                                "port must be reachable: docs/multihost.md)") from None
+            sock.settimeout(None)
             peer = _hello(_tuned(sock))
             links[peer] = _Link(sock, peer)
     return links
+
+
+def _reach(rank: int, peer: int, address: str, port: int, timeout: float) -> socket.socket:
+    try:
+        sock = socket.create_connection((address, port), timeout=timeout)
+    except OSError as e:
+        raise UserError(f"worker {rank} cannot reach worker {peer}'s message port at "
+                        f"{address}:{port} ({e.strerror or type(e).__name__}): it must be "
+                        "reachable between the machines (docs/multihost.md)") from None
+    sock.settimeout(None)
+    return sock
 
 
 def _tuned(sock: socket.socket) -> socket.socket:

@@ -217,7 +217,8 @@ class TorchTransport:
             store = dist.distributed_c10d._get_default_store()
             self._messenger = Messenger(self.rank, self.world_size, self._count_received,
                                         store, f"fastsgd/messages/{_messengers_made}",
-                                        address_towards(os.environ["MASTER_ADDR"]))
+                                        address_towards(os.environ["MASTER_ADDR"]),
+                                        self._timeout)
 
     def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
         """Send an asynchronous message; the receiver takes it with poll or wait_message.
