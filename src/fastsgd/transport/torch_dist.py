@@ -161,10 +161,8 @@ class TorchTransport:
                 self._require_messages(), self.rank, self.world_size,
                 lambda src, step: mailbox.take_step(EXCHANGE_TAG, src, step, self._timeout))
         lost = self._exchanges.run(outgoing, incoming, self._step)
-        if lost and self._survivors:
-            raise PeerLost(lost)
         if lost:
-            raise PeerGone(f"{PeerLost(lost)} (its connection closed)")
+            raise self._lost(PeerLost(lost))
 
     def take_from(self, tag: int, src: int) -> torch.Tensor:
         """The next message with `tag` from `src` (PeerLost when `src` is gone)."""
@@ -177,9 +175,11 @@ class TorchTransport:
         try:
             return self._require_messages().mailbox.take_one(tag, self._timeout, src)
         except PeerLost as e:
-            if self._survivors:
-                raise
-            raise PeerGone(f"{e} (its connection closed)") from None
+            raise self._lost(e) from None
+
+    def _lost(self, error: PeerLost) -> RuntimeError:
+        """PeerLost for workers that carry on without the lost (carry_on), else PeerGone."""
+        return error if self._survivors else PeerGone(f"{error} (its connection closed)")
 
     def barrier(self) -> None:
         if self._survivors:
