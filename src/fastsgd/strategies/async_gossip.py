@@ -93,39 +93,60 @@ class SGP(_OnGraph):
         return state
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
-        assert self.topology is not None
-        t, z = ctx.transport, flatten(params)
-        x, w = z.double() * state["weight"], state["weight"].clone()
-        gone = t.departed()  # no share for a lost peer: it stays here
-        peers = [p for p in self.topology.out_neighbors(t.rank, ctx.step) if p not in gone]
-        share = state["weight"] * (self._step / (len(peers) + 1))
-        for peer in peers:  # x and w lose exactly the mass the peer will add
-            x -= share * self._push(t, peer, z, share, state)
-            w -= share
+        # Polled first, shares sent, numerator formed last, each step in a function of its
+        # own: where a simulated worker waits it hands over to the others, and 1024 of them
+        # each holding model-sized buffers across that point would not fit in memory.
+        t = ctx.transport
         arrived = t.poll(PUSH)
-        if ctx.last_step:
+        peers, share = self._send_shares(params, state, ctx)
+        if ctx.last_step:  # the final drain
             assert ctx.total_steps is not None
             steps, polled = ctx.total_steps, len(arrived)
             arrived += await_messages(t, PUSH, lambda: self._expected(t, steps) -
                                       self._received - polled)
         self._received += len(arrived)
-        for src, payload in self._in_order(arrived, state):
+        z = self._mixed(flatten(params), peers, share, self._in_order(arrived, state), state)
+        del arrived
+        ctx.stats["staleness"] = 0
+        if ctx.last_step and self.average_at_end:
+            # the plain mean of the de-biased models, as run.representative = "average"
+            # evaluates: weighting by w (sum x / sum w) let a straggler's skewed weight pull
+            # the result off (sgp on a ring with a 3x straggler: 0.29 accuracy against 0.7)
+            t.all_reduce(z)
+            z /= len(t.members())
+            state["weight"] = torch.ones_like(state["weight"])
+        assign(params, z)
+
+    def _send_shares(self, params: Params, state: dict[str, Any],
+                     ctx: Context) -> tuple[list[int], torch.Tensor]:
+        """Push a share of (x, w) to each out-neighbour; the peers and the share."""
+        assert self.topology is not None
+        t, z = ctx.transport, flatten(params)
+        gone = t.departed()  # no share for a lost peer: it stays here
+        peers = [p for p in self.topology.out_neighbors(t.rank, ctx.step) if p not in gone]
+        share = state["weight"] * (self._step / (len(peers) + 1))
+        for peer in peers:
+            self._push(t, peer, z, share, state)
+        return peers, share
+
+    def _mixed(self, z: torch.Tensor, peers: list[int], share: torch.Tensor,
+               ready: list[tuple[int, dict[str, torch.Tensor]]],
+               state: dict[str, Any]) -> torch.Tensor:
+        """The de-biased model x / w once the shares sent have left (x and w lose exactly
+        the mass the peers add) and the shares that came are added; w goes into `state`."""
+        x, w = z.double() * state["weight"], state["weight"].clone()
+        for peer in peers:
+            x -= share * (z.double() if self._codec.kind == "exact" else state["sent"][peer])
+            w -= share
+        for src, payload in ready:
             weight = payload.pop("weight")
             share_of = self._codec.decode(payload, z).double()
             if self._codec.kind != "exact":  # a change since the edge's copy
                 share_of = _copy(state, "received", src).add_(share_of)
             x += weight * share_of
             w += weight
-        if ctx.last_step and self.average_at_end:
-            # the plain mean of the de-biased models, as run.representative = "average"
-            # evaluates: weighting by w (sum x / sum w) let a straggler's skewed weight pull
-            # the result off (sgp on a ring with a 3x straggler: 0.29 accuracy against 0.7)
-            x, w = x / w, torch.ones_like(w)
-            t.all_reduce(x)
-            x /= len(t.members())
         state["weight"] = w
-        ctx.stats["staleness"] = 0
-        assign(params, (x / w).to(z.dtype))
+        return x.div_(w).to(z.dtype)
 
     def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         """Before a checkpoint: take in every push sent to this worker so far; they wait in
@@ -144,10 +165,10 @@ class SGP(_OnGraph):
         self._received = saved["received"]
 
     def _push(self, t, peer: int, z: torch.Tensor, share: torch.Tensor,
-              state: dict[str, Any]) -> torch.Tensor:
+              state: dict[str, Any]) -> None:
         """Send `peer` a share of weight and the compressed change of z since the edge's copy
-        (Taheri et al. 2020 track such copies for quantized push-sum); return the copy, which
-        the peer updates alike and takes for z."""
+        (Taheri et al. 2020 track such copies for quantized push-sum), and move the copy on as
+        the peer will: the peer takes it for z."""
         number = state["pushed"].get(peer, 0)
         state["pushed"][peer] = number + 1
         exact = self._codec.kind == "exact"  # then z itself: no copies to keep
@@ -156,9 +177,9 @@ class SGP(_OnGraph):
         buffer = pack({**self._codec.compress(change), "weight": share,
                        "number": torch.tensor([number], device=z.device)})
         t.post(buffer, peer, PUSH)
-        payload = unpack(buffer, self._fields, t.rank)  # as the peer will decode it
-        sent = self._codec.decode({k: payload[k] for k in self._codec.FIELDS}, z).double()
-        return sent if copy is None else copy.add_(sent)
+        if copy is not None:
+            payload = unpack(buffer, self._fields, t.rank)  # as the peer will decode it
+            copy.add_(self._codec.decode({k: payload[k] for k in self._codec.FIELDS}, z))
 
     def _in_order(self, arrived: list[tuple[int, torch.Tensor]],
                   state: dict[str, Any]) -> list[tuple[int, dict[str, torch.Tensor]]]:
