@@ -91,10 +91,10 @@ def test_a_malformed_frame_names_the_peer(tmp_path):
 def ring_exchange(t):
     """Each rank sends its rank to the next and receives from the previous, at once."""
     n = t.world_size
-    received = torch.empty(4)
-    t.exchange([((t.rank + 1) % n, torch.full((4,), float(t.rank)))],
-               [((t.rank - 1) % n, received)])
-    return float(received[0]), t.bytes_sent, t.bytes_received
+    src = (t.rank - 1) % n
+    received = t.exchange([((t.rank + 1) % n, torch.full((4,), float(t.rank)))], [src],
+                          torch.empty(4))
+    return float(received[src][0]), t.bytes_sent, t.bytes_received
 
 
 def check_ring(results, n):
@@ -167,7 +167,7 @@ def _vanishes(t):
         time.sleep(0.3)
         os._exit(0)  # no close, no goodbye: the connection just ends
     began, failures = time.monotonic(), []
-    for wait in (lambda: t.wait_message(4), lambda: t.exchange([], [(1, torch.empty(3))])):
+    for wait in (lambda: t.wait_message(4), lambda: t.exchange([], [1], torch.empty(3))):
         try:
             wait()
         except PeerGone as e:

@@ -61,8 +61,7 @@ def test_gossip_with_d_neighbours_pays_d_transfers():
     def worker(t):
         peers = [(t.rank + k) % t.world_size for k in (1, 2)]
         senders = [(t.rank - k) % t.world_size for k in (1, 2)]
-        t.exchange([(p, torch.ones(S // 4)) for p in peers],
-                   [(s, torch.empty(S // 4)) for s in senders])
+        t.exchange([(p, torch.ones(S // 4)) for p in peers], senders, torch.empty(S // 4))
         return round(t.now() * 1e9)
 
     assert _clock_after(5, worker) == [2 * to_ns(S / B) + to_ns(L)] * 5

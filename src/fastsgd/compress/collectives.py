@@ -67,9 +67,9 @@ def _scatter_gather(tensors: list[torch.Tensor], codec: Compressor,
              for cs, state in zip(chunks, states)]  # parts[tensor][destination]
     outgoing = [torch.cat([p[j] for p in parts]) for j in range(n)]
     peers = [j for j in range(n) if j != me]
-    buffers = [torch.empty_like(outgoing[j]) for j in peers]  # chunk payloads: one size
-    t.exchange([(j, outgoing[j]) for j in peers], list(zip(peers, buffers)))
-    received = [_split(b, [p[me] for p in parts]) for b in [outgoing[me], *buffers]]
+    # chunk payloads: one size
+    came = t.exchange([(j, outgoing[j]) for j in peers], peers, outgoing[me])
+    received = [_split(b, [p[me] for p in parts]) for b in [outgoing[me], *map(came.get, peers)]]
     reduced = _decode_sum(codec, mine, received, n)
     parts = [pack(codec.encode(r, state["gather"])) for r, state in zip(reduced, states)]
     gathered = [_split(g, parts) for g in t.all_gather(torch.cat(parts))]

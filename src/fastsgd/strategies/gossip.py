@@ -131,12 +131,12 @@ def choco(local: torch.Tensor, public: dict[int, torch.Tensor], topology: Topolo
     step toward the neighbours' copies."""
     t, codec, me = ctx.transport, ctx.compressor, ctx.transport.rank
     payload = pack(codec.compress(local - public[me]))
-    # same codec, same shape: every payload has the same size
-    incoming = [(peer, torch.empty_like(payload)) for peer in topology.in_neighbors(me)]
-    t.exchange([(peer, payload) for peer in topology.out_neighbors(me)], incoming)
+    senders = topology.in_neighbors(me)  # same codec, same shape: every payload's size
+    incoming = t.exchange([(peer, payload) for peer in topology.out_neighbors(me)], senders,
+                          payload)
     public[me] += decode_buffer(codec, payload, local, me)
-    for peer, received in incoming:
-        public[peer] += decode_buffer(codec, received, local, peer)
+    for peer in senders:
+        public[peer] += decode_buffer(codec, incoming.pop(peer), local, peer)
     pull = sum(w * (public[peer] - public[me]) for peer, w in topology.weights(me))
     return local + gamma * pull
 
@@ -154,17 +154,15 @@ def mix(local: torch.Tensor, topology: Topology, ctx: Context) -> torch.Tensor:
         weights = healed_weights(topology, t.rank, step, gone)
         outs = ([p for p in topology.out_neighbors(t.rank, step) if p not in gone]
                 if topology.directed else [p for p, _ in weights if p != t.rank])
-        incoming = {p: torch.empty_like(local) for p, _ in weights
-                    if p != t.rank and p not in received}
+        sources = [p for p, _ in weights if p != t.rank and p not in received]
         try:
-            t.exchange([(p, local) for p in outs if p not in sent], list(incoming.items()))
+            received.update(t.exchange([(p, local) for p in outs if p not in sent], sources,
+                                       local))
         except PeerLost as lost:
-            for p in lost.peers:
-                del incoming[p]
+            received.update(lost.received)
             continue
         finally:
             sent.update(outs)
-            received.update(incoming)
         break
     # summed in place, in the order of `weights`, into the first term (which is not read
     # again): no zero-filled vector, one model-sized buffer less per simulated worker

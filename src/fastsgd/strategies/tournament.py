@@ -55,9 +55,8 @@ class Tournament(Configurable, section="strategy"):
             return
         mine = flatten(params)
         outgoing = pack(ctx.compressor.compress(mine))
-        incoming = torch.empty_like(outgoing)  # same codec, same model: same payload size
-        try:
-            ctx.transport.exchange([(peer, outgoing)], [(peer, incoming)])
+        try:  # same codec, same model: same payload size
+            incoming = ctx.transport.exchange([(peer, outgoing)], [peer], outgoing)[peer]
         except PeerLost:  # lost before it sent its model: this worker sits the round out
             return
         theirs = decode_buffer(ctx.compressor, incoming, mine, peer)

@@ -16,12 +16,12 @@ class PeerLost(RuntimeError):
     """A peer this worker waited for has left the run (it crashed): `peers` are the ranks.
     Raised by `recv`, `exchange` (after every other transfer of the exchange is done) and
     `wait_message` (when a departure became known while it waited, so that the caller can
-    count again what it still expects)."""
+    count again what it still expects). From `exchange`, `received` holds what did arrive."""
 
-    def __init__(self, peers: list[int]):
+    def __init__(self, peers: list[int], received: dict[int, torch.Tensor] | None = None):
         super().__init__(f"worker{'s' if len(peers) > 1 else ''} "
                          f"{', '.join(map(str, peers))} left the run")
-        self.peers = peers
+        self.peers, self.received = peers, received or {}
 
 
 class Handle(Protocol):
@@ -65,10 +65,11 @@ class Transport(Protocol):
         """Block until a tensor from `src` has arrived, written into `tensor`."""
         ...
 
-    def exchange(self, outgoing: list[tuple[int, torch.Tensor]],
-                 incoming: list[tuple[int, torch.Tensor]]) -> None:
-        """Send each (dst, tensor) of `outgoing` and receive each (src, buffer) of `incoming`,
-        both directions of every link at once; return when all is done."""
+    def exchange(self, outgoing: list[tuple[int, torch.Tensor]], sources: list[int],
+                 like: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Send each (dst, tensor) of `outgoing` and receive a tensor shaped like `like` from
+        each of `sources`, both directions of every link at once; what came, by source.
+        The tensors are the transport's own (no copy into buffers held while waiting)."""
         ...
 
     def barrier(self) -> None: ...

@@ -43,10 +43,10 @@ class Exchanges:
         self.messenger, self.rank, self.world_size, self.take = messenger, rank, world_size, take
         self.kept: dict[int, torch.Tensor] = {}  # round -> what this worker sent in it
 
-    def run(self, outgoing: list[tuple[int, torch.Tensor]],
-            incoming: list[tuple[int, torch.Tensor]], step: int) -> list[int]:
-        """Send and receive one round's messages; returns the peers found lost (their
-        buffers untouched), after every other part is done."""
+    def run(self, outgoing: list[tuple[int, torch.Tensor]], sources: list[int],
+            like: torch.Tensor, step: int) -> tuple[dict[int, torch.Tensor], list[int]]:
+        """Send and receive one round's messages: what came, by source, and the peers found
+        lost, after every other part is done."""
         # the peer after this one first, as in the simulator: on a ring, each host's first
         # message then goes to a different host, and every downlink is busy from the start
         for dst, tensor in sorted(outgoing, key=lambda o: (o[0] - self.rank) % self.world_size):
@@ -54,13 +54,13 @@ class Exchanges:
             self._kill_if_asked(step)
         for old in [s for s in self.kept if s <= step - KEEP]:
             del self.kept[old]
-        lost = []
-        for src, buffer in incoming:
+        received, lost = {}, []
+        for src in sources:
             try:
-                buffer.copy_(self._take(src, step).view_as(buffer))
+                received[src] = self._take(src, step).view_as(like)
             except PeerLost:
                 lost.append(src)
-        return lost
+        return received, lost
 
     def _kill_if_asked(self, step: int) -> None:
         """Fault tests: FASTSGD_TEST_KILL=RANK:STEP:exchange kills this worker (kill -9) in

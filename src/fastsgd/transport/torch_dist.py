@@ -140,19 +140,21 @@ class TorchTransport:
         dist.recv(tensor, src, group=self._group)
         self._count(0, nbytes(tensor))
 
-    def exchange(self, outgoing: list[tuple[int, torch.Tensor]],
-                 incoming: list[tuple[int, torch.Tensor]]) -> None:
+    def exchange(self, outgoing: list[tuple[int, torch.Tensor]], sources: list[int],
+                 like: torch.Tensor) -> dict[int, torch.Tensor]:
         if self.device.type == "cpu":
-            self._exchange_by_messages(outgoing, incoming)
+            received = self._exchange_by_messages(outgoing, sources, like)
         else:  # one batch, so that NCCL runs them as a group (they block one another else)
-            ops = [dist.P2POp(dist.irecv, buffer, src, self._group) for src, buffer in incoming]
+            received = {src: torch.empty_like(like) for src in sources}
+            ops = [dist.P2POp(dist.irecv, b, src, self._group) for src, b in received.items()]
             ops += [dist.P2POp(dist.isend, t, dst, self._group) for dst, t in outgoing]
             for work in dist.batch_isend_irecv(ops) if ops else []:
                 work.wait()
-        self._count(sum(nbytes(t) for _, t in outgoing), sum(nbytes(b) for _, b in incoming))
+        self._count(sum(nbytes(t) for _, t in outgoing), len(sources) * nbytes(like))
+        return received
 
-    def _exchange_by_messages(self, outgoing: list[tuple[int, torch.Tensor]],
-                              incoming: list[tuple[int, torch.Tensor]]) -> None:
+    def _exchange_by_messages(self, outgoing: list[tuple[int, torch.Tensor]], sources: list[int],
+                              like: torch.Tensor) -> dict[int, torch.Tensor]:
         """On CPU: over the messenger's connections (exchange.py)."""
         if self._exchanges is None:
             self.start_messages()
@@ -160,9 +162,10 @@ class TorchTransport:
             self._exchanges = Exchanges(
                 self._require_messages(), self.rank, self.world_size,
                 lambda src, step: mailbox.take_step(EXCHANGE_TAG, src, step, self._timeout))
-        lost = self._exchanges.run(outgoing, incoming, self._step)
+        received, lost = self._exchanges.run(outgoing, sources, like, self._step)
         if lost:
-            raise self._lost(PeerLost(lost))
+            raise self._lost(PeerLost(lost, received))
+        return received
 
     def take_from(self, tag: int, src: int) -> torch.Tensor:
         """The next message with `tag` from `src` (PeerLost when `src` is gone)."""

@@ -270,6 +270,10 @@ class SimTransport:
         return Done()
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
+        tensor.copy_(self._take_sent(src))
+
+    def _take_sent(self, src: int) -> torch.Tensor:
+        """The next tensor `src` sent to this worker (PeerLost if it left without it)."""
         queue = self.fabric.inbox[(src, self.rank)]  # empty: block, which runs what is due
         fabric = self.fabric
         coming = src not in fabric.membership.known or fabric.in_transit[(src, self.rank)]
@@ -279,28 +283,31 @@ class SimTransport:
             self.fabric.news.pop(self.rank, None)
         if not queue:
             raise PeerLost([src])
-        tensor.copy_(queue.popleft())
+        tensor = queue.popleft()
         self._received(nbytes(tensor))
+        return tensor
 
-    def exchange(self, outgoing: list[tuple[int, torch.Tensor]],
-                 incoming: list[tuple[int, torch.Tensor]]) -> None:
+    def exchange(self, outgoing: list[tuple[int, torch.Tensor]], sources: list[int],
+                 like: torch.Tensor) -> dict[int, torch.Tensor]:
         """Simulated links are full duplex: posting the sends first loses nothing. Real
         processes send to all their peers at once (TCP flows share the uplink); the
         simulated uplink sends one message after another, so each worker starts with the
         peer after itself ((dst - rank) mod n): everyone's first message then goes to a
         different receiver, as shared flows would spread them (in rank order, a 3-worker
-        ring sent both first messages to rank 0 and took 3 S/B instead of 2)."""
+        ring sent both first messages to rank 0 and took 3 S/B instead of 2). What came is
+        the senders' copies themselves: no buffer is held while waiting (1024 workers)."""
         n = self.world_size
         for dst, tensor in sorted(outgoing, key=lambda m: (m[0] - self.rank) % n):
             self.send(tensor, dst)
-        lost = []
-        for src, buffer in incoming:
+        received, lost = {}, []
+        for src in sources:
             try:
-                self.recv(buffer, src)
+                received[src] = self._take_sent(src).view_as(like)
             except PeerLost:
                 lost.append(src)
         if lost:
-            raise PeerLost(lost)
+            raise PeerLost(lost, received)
+        return received
 
     def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """One tensor for all the simulated workers (they share one process)."""
