@@ -17,6 +17,7 @@ import fastsgd as fs
 from fastsgd import checkpoint
 from fastsgd.errors import UserError
 from fastsgd.transport.sim import simulate
+from tests.conftest import orphans
 
 STRAIGHT = {"run.steps": 40, "run.checkpoint_every": 10, "run.eval_every": 10,
             "run.target_accuracy": 0.5, "compute.model": "fixed", "compute.step_time": "1ms",
@@ -228,18 +229,6 @@ def test_real_asynchronous_strategies_resume_after_kill_9(tmp_path, strategy):
     assert evals[-1]["step"] == 30 and evals[-1]["accuracy"] > 0.7
 
 
-def _orphans(marker: str) -> list[int]:
-    """Processes whose command line holds `marker`."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if marker.encode() in cmdline.read_bytes():
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            pass
-    return found
-
-
 def _ctrl_c(command: str, out: Path, *sets: str) -> int:
     """Start `fastsgd COMMAND` for ever, send it SIGINT once training has started; check it
     stops within 5 s with exit code 130 and one line saying how to resume; the step."""
@@ -270,7 +259,7 @@ def _ctrl_c(command: str, out: Path, *sets: str) -> int:
 def test_ctrl_c_stops_every_worker_with_a_checkpoint(tmp_path):
     out = tmp_path / "run"
     _ctrl_c("run", out, "data.name=digits", "model.name=mlp", "run.workers=2")
-    assert not _orphans(str(out))
+    assert not orphans(str(out))
 
 
 # Ctrl-C on `fastsgd simulate`: the simulated workers stop after the same step and write a

@@ -4,15 +4,18 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from fastsgd import checkpoint
 from fastsgd.launch import free_port
-from tests.conftest import max_abs_diff, reference_sgd
+from tests.conftest import max_abs_diff, orphans, reference_sgd
 
 SCRIPT = Path(__file__).parent / "scripts" / "torchrun_train.py"
 EXAMPLE = Path(__file__).parents[1] / "examples" / "own_loop.py"
@@ -107,3 +110,37 @@ def test_torchrun_max_restarts_resumes_from_the_checkpoint(tmp_path):
     a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# Ctrl-C under torchrun (SIGINT to torchrun, whose agent forwards it to its workers): every
+# worker stops after the same step within 5 s and writes a checkpoint, rank 0 says in one
+# line how to resume, no worker is left, and the same command with --resume runs to the end.
+@pytest.mark.multiproc
+@pytest.mark.parametrize("strategy", ["allreduce", "sgp"])
+def test_ctrl_c_under_torchrun_stops_every_worker_with_a_checkpoint(tmp_path, strategy):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def job(*sets: str) -> list[str]:
+        options = ("data.name=digits", "model.name=mlp", f"strategy.name={strategy}", *sets)
+        return [*torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "fastsgd", "run",
+                "--quiet", *(a for item in options for a in ("--set", item))]
+
+    proc = subprocess.Popen(job("run.steps=100000", f"run.out={out}"), stderr=subprocess.PIPE,
+                            text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # training has started
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - began < 5
+    step = checkpoint.steps(out)[-1]
+    ours = [line for line in err.splitlines() if line.startswith("fastsgd")]
+    assert ours == [f"fastsgd: interrupted: every worker stopped after step {step} and wrote a "
+                    f"checkpoint; resume with the same torchrun command and --resume {out}"]
+    assert not orphans(str(out))
+    resumed = subprocess.run([*job(f"run.steps={step + 20}"), "--resume", str(out)],
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == step + 20

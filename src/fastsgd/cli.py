@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastsgd.errors import UserError, WorkerFailed
+from fastsgd.errors import Interrupted, UserError, WorkerFailed
 
 USAGE_EXAMPLES = """examples:
   fastsgd demo
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fastsgd: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # Interrupted says how far the run got and how to resume
-        print(f"fastsgd: {str(e) or 'interrupted'}", file=sys.stderr)
+        if str(e) or not isinstance(e, Interrupted):  # (under torchrun, rank 0 says it)
+            print(f"fastsgd: {str(e) or 'interrupted'}", file=sys.stderr)
         return 130
 
 

@@ -9,10 +9,18 @@ launcher sets it. On Ctrl-C the launcher sets it a little ahead of the furthest 
 two steps, plus the steps the workers make in 100 ms, so that none has gone past it by the
 time it reads it (synchronous workers are within a step of each other; asynchronous ones
 wait for the slowest in the checkpoint's barrier).
+
+Under torchrun there is no launcher of ours and the workers may be on several machines
+(`StoreStop`): a worker's first SIGINT (the terminal's, or the one torchrun's agent forwards
+when it is interrupted) asks to stop, and the workers agree on the step through the job's
+store, as above: each publishes its progress every LOOK_EVERY seconds, and the first one
+asked sets the stop ahead of the furthest by what the fastest does in three such periods.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import signal
 import threading
 import time
@@ -20,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_SHARED: Stop | None = None  # set in each forked worker (launch.py)
+_SHARED: Stop | StoreStop | None = None  # set in each forked worker (launch.py), or torchrun's
 
 
 class _Value:
@@ -43,8 +51,58 @@ class Stop:
         self.stop_at.value = now + 2 + 5 * (now - before)
         return self.stop_at.value
 
+    def after(self, rank: int, step: int) -> bool:
+        self.progress[rank] = step
+        return self.stop_at.value == step
 
-def share(stop: Stop | None) -> None:
+
+class StoreStop:
+    """Ctrl-C under torchrun, agreed through `store` (the job's c10d store)."""
+
+    LOOK_EVERY = 0.1  # s between looks at the store: one set and one check
+    AGAIN_AFTER = 2.0  # s: a later SIGINT stops at once (torchrun's agent forwards the first)
+
+    def __init__(self, store: Any, rank: int, world_size: int):
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.key = f"fastsgd/stop/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        self.asked = 0.0  # when the first SIGINT came
+        self.proposed = False
+        self.stop_at = 0
+        self.looked = (time.monotonic(), 0)  # (when, at which step)
+
+    def on_sigint(self, *_: Any) -> None:
+        if self.asked and time.monotonic() - self.asked > self.AGAIN_AFTER:
+            raise KeyboardInterrupt
+        self.asked = self.asked or time.monotonic()
+
+    def after(self, rank: int, step: int) -> bool:
+        now = time.monotonic()
+        if not self.stop_at and (self.asked and not self.proposed
+                                 or now - self.looked[0] >= self.LOOK_EVERY):
+            self._look(step, now)
+        return self.stop_at == step
+
+    def _look(self, step: int, now: float) -> None:
+        rate = (step - self.looked[1]) / max(now - self.looked[0], 1e-3)  # steps/s
+        self.looked = (now, step)
+        self.store.set(f"{self.key}/at/{self.rank}", f"{step} {rate:.3f}")
+        if self.asked and not self.proposed:
+            self.proposed = True
+            furthest, fastest = step, rate
+            for r in range(self.world_size):
+                key = f"{self.key}/at/{r}"
+                if self.store.check([key]):
+                    at, speed = self.store.get(key).decode().split()
+                    furthest, fastest = max(furthest, int(at)), max(fastest, float(speed))
+            # ahead of the furthest by what the fastest does until all have looked again (the
+            # progress read is a look old): compare_set, the first proposal wins
+            ahead = 2 + math.ceil(fastest * 3 * self.LOOK_EVERY)
+            self.store.compare_set(f"{self.key}/at", "", str(furthest + ahead))
+        if self.store.check([f"{self.key}/at"]):
+            self.stop_at = max(int(self.store.get(f"{self.key}/at")), step)
+
+
+def share(stop: Stop | StoreStop | None) -> None:
     """In a forked worker: this is the launcher's Stop (in the simulator: the one of
     `simulated`; None: none any more)."""
     global _SHARED
@@ -91,13 +149,10 @@ def steps_done(rank: int) -> int | None:
     """How many steps worker `rank` has done, as the launcher's shared memory says (None
     outside `fastsgd run`'s own workers and `fastsgd simulate`): for a worker that died,
     where it stopped."""
-    return None if _SHARED is None else int(_SHARED.progress[rank])
+    return int(_SHARED.progress[rank]) if isinstance(_SHARED, Stop) else None
 
 
 def stop_after(rank: int, step: int) -> bool:
-    """After each step: record it, and say whether the launcher asks to stop here. Always
-    False outside `fastsgd run`'s own workers and `fastsgd simulate` (under torchrun)."""
-    if _SHARED is None:
-        return False
-    _SHARED.progress[rank] = step
-    return _SHARED.stop_at.value == step
+    """After each step: record it, and say whether Ctrl-C asks to stop here. Always False
+    where nothing watches for it (a worker of the user's own loop)."""
+    return _SHARED is not None and _SHARED.after(rank, step)

@@ -160,12 +160,21 @@ class Job:
         return _result(plan.run_dir)
 
     def _run_here(self) -> Result:
+        """One worker of a torchrun job; Ctrl-C as interrupt.py's StoreStop says."""
         run = self.config["run"]
         transport = TorchTransport(run["backend"], run["timeout"])
+        stop = interrupt.StoreStop(transport.store(), transport.rank, transport.world_size)
+        interrupt.share(stop)
         try:
             config = cfg.merged(self.config, run={"workers": transport.world_size})
             plan = self.plan(config, transport=transport)
-            summary = train(plan, transport)
+            with interrupt.catching(stop.on_sigint):
+                summary = train(plan, transport)
+            if 0 < stop.stop_at < plan.total_steps(transport.world_size):
+                where = "" if transport.rank else (
+                    f"every worker stopped after step {stop.stop_at} and wrote a checkpoint; "
+                    f"resume with the same torchrun command and --resume {plan.run_dir}")
+                raise Interrupted(f"interrupted: {where}" if where else "", stop.stop_at)
         except RuntimeError as e:
             if not peer_gone(e):
                 raise
@@ -173,6 +182,7 @@ class Job:
             raise WorkerFailed(f"worker {transport.rank}: a peer is gone "
                                f"({str(e).splitlines()[0]})") from None
         finally:
+            interrupt.share(None)
             transport.close()
         return Result(summary, plan.run_dir)
 

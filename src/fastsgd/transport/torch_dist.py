@@ -212,14 +212,17 @@ class TorchTransport:
             os.unlink(path)  # the mappings stay valid; nothing is left behind
         return shared
 
+    def store(self) -> dist.Store:
+        """The job's key-value store (torchrun's, or the launcher's rendezvous)."""
+        return dist.distributed_c10d._get_default_store()
+
     def start_messages(self) -> None:
         """Collective: connect to every peer for asynchronous messages (messages.py)."""
         if self._messenger is None:
             global _messengers_made
             _messengers_made += 1  # every rank makes its transports in the same order
-            store = dist.distributed_c10d._get_default_store()
             self._messenger = Messenger(self.rank, self.world_size, self._count_received,
-                                        store, f"fastsgd/messages/{_messengers_made}",
+                                        self.store(), f"fastsgd/messages/{_messengers_made}",
                                         address_towards(os.environ["MASTER_ADDR"]),
                                         self._timeout)
 
