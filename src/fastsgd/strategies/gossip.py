@@ -164,11 +164,11 @@ def mix(local: torch.Tensor, topology: Topology, ctx: Context) -> torch.Tensor:
         finally:
             sent.update(outs)
         break
-    # summed in place, in the order of `weights`, into the first term (which is not read
-    # again): no zero-filled vector, one model-sized buffer less per simulated worker
+    # summed in the order of `weights` into a new vector: the terms are not to be changed
+    # (the simulator shares `local` with its receivers), and no zero-filled vector
     mixed: torch.Tensor | None = None
     for peer, weight in weights:
         term = local if peer == t.rank else received[peer]
-        mixed = term.mul_(weight) if mixed is None else mixed.add_(term, alpha=weight)
+        mixed = term.mul(weight) if mixed is None else mixed.add_(term, alpha=weight)
     assert mixed is not None
     return mixed

@@ -69,7 +69,8 @@ class Transport(Protocol):
                  like: torch.Tensor) -> dict[int, torch.Tensor]:
         """Send each (dst, tensor) of `outgoing` and receive a tensor shaped like `like` from
         each of `sources`, both directions of every link at once; what came, by source.
-        The tensors are the transport's own (no copy into buffers held while waiting)."""
+        Neither the outgoing tensors nor those that came may be changed afterwards: the
+        simulator hands the sender's tensor to every receiver as it is."""
         ...
 
     def barrier(self) -> None: ...

@@ -153,12 +153,14 @@ class SimFabric:
             self.scheduler.wake(rank, op.end)
 
     def post(self, src: int, dst: int, tensor: torch.Tensor, tag: int | None = None,
-             droppable: bool = False) -> None:
+             droppable: bool = False, copy: bool = True) -> None:
         """Put `tensor` on src's link to dst: to the matching `recv` (tag None) or to dst's
-        mailbox or handler for `tag`. A message to oneself arrives at once."""
+        mailbox or handler for `tag`. A message to oneself arrives at once. `copy` False:
+        the tensor itself travels (the sender will not change it, nor will the receivers)."""
         size = nbytes(tensor) if tag is None else frame_bytes(tensor)
         now = self.scheduler.now(src) if self.handling_at is None else self.handling_at
-        payload = tensor.detach().clone() if tag is None else tensor.detach().reshape(-1).clone()
+        payload = tensor.detach() if tag is None else tensor.detach().reshape(-1)
+        payload = payload.clone() if copy else payload
         if tag is None:
             self.in_transit[(src, dst)] += 1
         if src == dst:
@@ -263,10 +265,10 @@ class SimTransport:
     def barrier(self) -> None:
         self._collective(torch.zeros(0), "allreduce", 0, "sum", None).wait()
 
-    def send(self, tensor: torch.Tensor, dst: int) -> Handle:
+    def send(self, tensor: torch.Tensor, dst: int, copy: bool = True) -> Handle:
         self.scheduler.yield_(self.rank)
         self._count(nbytes(tensor), 0)
-        self.fabric.post(self.rank, dst, tensor)
+        self.fabric.post(self.rank, dst, tensor, copy=copy)
         return Done()
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
@@ -294,11 +296,13 @@ class SimTransport:
         simulated uplink sends one message after another, so each worker starts with the
         peer after itself ((dst - rank) mod n): everyone's first message then goes to a
         different receiver, as shared flows would spread them (in rank order, a 3-worker
-        ring sent both first messages to rank 0 and took 3 S/B instead of 2). What came is
-        the senders' copies themselves: no buffer is held while waiting (1024 workers)."""
+        ring sent both first messages to rank 0 and took 3 S/B instead of 2). The tensors
+        travel as they are, with no copy, and what came is the senders' tensors themselves,
+        which neither side changes (base.py): no copy, and no buffer held while waiting,
+        per simulated worker (1024 of them)."""
         n = self.world_size
         for dst, tensor in sorted(outgoing, key=lambda m: (m[0] - self.rank) % n):
-            self.send(tensor, dst)
+            self.send(tensor, dst, copy=False)
         received, lost = {}, []
         for src in sources:
             try:
