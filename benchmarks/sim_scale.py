@@ -157,7 +157,8 @@ def run_child(model: str, strategy: str, workers: int, steps: int,
     cmd = [sys.executable, __file__, "--one", model, strategy, str(workers), str(steps),
            "--log-every", str(args.log_every), "--threads", str(args.threads),
            "--max-rss-gb", str(args.max_rss_gb)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, "LD_PRELOAD": args.malloc} if args.malloc else None
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         return {"model": model, "strategy": strategy, "workers": workers, "steps": steps,
                 "error": (done.stderr.strip().splitlines() or ["killed"])[-1],
@@ -193,6 +194,9 @@ def main() -> None:
                    "default)")
     p.add_argument("--max-rss-gb", type=float, default=16.0,
                    help="stop a configuration whose RSS passes this")
+    p.add_argument("--malloc", metavar="LIB",
+                   help="preload this allocator in the runs (LD_PRELOAD), e.g. "
+                   "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 (Debian's libjemalloc2)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--one", nargs=4, metavar=("MODEL", "STRATEGY", "WORKERS", "STEPS"),
                    help=argparse.SUPPRESS)  # the child: one configuration, a JSON line
@@ -203,6 +207,8 @@ def main() -> None:
         print(json.dumps(measure(model, strategy, int(workers), int(steps), args.log_every,
                                  args.threads)))
         return
+    if args.malloc and not os.path.exists(args.malloc):
+        sys.exit(f"--malloc {args.malloc}: no such file")
     print(HEADER, flush=True)
     rows = []
     for workers in args.workers:

@@ -133,17 +133,20 @@ class SGP(_OnGraph):
                ready: list[tuple[int, dict[str, torch.Tensor]]],
                state: dict[str, Any]) -> torch.Tensor:
         """The de-biased model x / w once the shares sent have left (x and w lose exactly
-        the mass the peers add) and the shares that came are added; w goes into `state`."""
-        x, w = z.double() * state["weight"], state["weight"].clone()
-        for peer in peers:
-            x -= share * (z.double() if self._codec.kind == "exact" else state["sent"][peer])
+        the mass the peers add) and the shares that came are added; w goes into `state`.
+        In float64, with one model-sized temporary: in-place products and sums."""
+        exact, w = self._codec.kind == "exact", state["weight"].clone()
+        for _ in peers:
             w -= share
+        x = z.double().mul_(w if exact else state["weight"])  # exact: each peer got z
+        for peer in [] if exact else peers:
+            x.sub_(state["sent"][peer], alpha=float(share))
         for src, payload in ready:
             weight = payload.pop("weight")
-            share_of = self._codec.decode(payload, z).double()
-            if self._codec.kind != "exact":  # a change since the edge's copy
+            share_of = self._codec.decode(payload, z)
+            if not exact:  # a change since the edge's copy
                 share_of = _copy(state, "received", src).add_(share_of)
-            x += weight * share_of
+            x.add_(share_of, alpha=float(weight))
             w += weight
         state["weight"] = w
         return x.div_(w).to(z.dtype)
