@@ -13,8 +13,9 @@ wait for the slowest in the checkpoint's barrier).
 Under torchrun there is no launcher of ours and the workers may be on several machines
 (`StoreStop`): a worker's first SIGINT (the terminal's, or the one torchrun's agent forwards
 when it is interrupted) asks to stop, and the workers agree on the step through the job's
-store, as above: each publishes its progress every LOOK_EVERY seconds, and the first one
-asked sets the stop ahead of the furthest by what the fastest does in three such periods.
+store, as above: each publishes its progress every 0.1 s (longer beyond 200 workers, to spare
+the store), and the first one asked sets the stop ahead of the furthest by what the fastest
+does in three such periods.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Stop:
 class StoreStop:
     """Ctrl-C under torchrun, agreed through `store` (the job's c10d store)."""
 
-    LOOK_EVERY = 0.1  # s between looks at the store: one set and one check
+    LOOK_EVERY = 0.1  # s between looks at the store (one set and one check), for 200 workers
     AGAIN_AFTER = 2.0  # s: a later SIGINT stops at once (torchrun's agent forwards the first)
 
     def __init__(self, store: Any, rank: int, world_size: int):
@@ -69,6 +70,8 @@ class StoreStop:
         self.proposed = False
         self.stop_at = 0
         self.looked = (time.monotonic(), 0)  # (when, at which step)
+        # no more than about 4000 store requests a second in all, however many workers
+        self.every = self.LOOK_EVERY * max(1.0, world_size / 200)
 
     def on_sigint(self, *_: Any) -> None:
         if self.asked and time.monotonic() - self.asked > self.AGAIN_AFTER:
@@ -78,7 +81,7 @@ class StoreStop:
     def after(self, rank: int, step: int) -> bool:
         now = time.monotonic()
         if not self.stop_at and (self.asked and not self.proposed
-                                 or now - self.looked[0] >= self.LOOK_EVERY):
+                                 or now - self.looked[0] >= self.every):
             self._look(step, now)
         return self.stop_at == step
 
@@ -96,7 +99,7 @@ class StoreStop:
                     furthest, fastest = max(furthest, int(at)), max(fastest, float(speed))
             # ahead of the furthest by what the fastest does until all have looked again (the
             # progress read is a look old): compare_set, the first proposal wins
-            ahead = 2 + math.ceil(fastest * 3 * self.LOOK_EVERY)
+            ahead = 2 + math.ceil(fastest * 3 * self.every)
             self.store.compare_set(f"{self.key}/at", "", str(furthest + ahead))
         if self.store.check([f"{self.key}/at"]):
             self.stop_at = max(int(self.store.get(f"{self.key}/at")), step)
