@@ -14,10 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from fastsgd.metrics import JsonLines
+from fastsgd.metrics import JsonLines, read_jsonl
 
 Evaluate = Callable[[torch.nn.Module], tuple[float, float]]  # -> (accuracy, loss)
 Score = Callable[[torch.nn.Module], float]
@@ -46,6 +47,14 @@ class EvalLog:
                            "loss": loss, "consensus_distance": consensus})
         if self.target and accuracy >= self.target and self.time_to_target is None:
             self.time_to_target = round(when, 9)
+
+    def take_over(self) -> None:
+        """What the evaluations found so far, from the file: the worker that wrote it was
+        lost, and this one evaluates from now on."""
+        for row in read_jsonl(self.path) if Path(str(self.path)).exists() else []:
+            self.last = (row["step"], row["accuracy"], row["loss"], row["consensus_distance"])
+            if self.target and row["accuracy"] >= self.target and self.time_to_target is None:
+                self.time_to_target = row["time"]
 
 
 def _state(model: torch.nn.Module) -> list[torch.Tensor]:

@@ -130,13 +130,14 @@ class Replica:
             # model costs 2 GB
             mean = torch.cat([p.detach().reshape(-1).double() for p in self.params])
             self.transport.all_reduce(mean)
-            mean /= self.transport.world_size
+            members = len(self.transport.members())  # the living, once workers are lost
+            mean /= members
             spread = torch.zeros(1, dtype=torch.float64, device=mean.device)
             for p, center in zip(self.params, mean.split([p.numel() for p in self.params])):
                 spread += (p.detach().reshape(-1).double() - center).square().sum()
             del mean
             self.transport.all_reduce(spread)
-            return float(spread) / self.transport.world_size
+            return float(spread) / members
 
     def close(self) -> None:
         self.strategy.close()

@@ -34,11 +34,12 @@ def representative(policy: str, model: torch.nn.Module, transport: Transport,
         for buffer in chosen.buffers():
             if buffer.is_floating_point():
                 transport.all_reduce(buffer)
-                buffer.div_(transport.world_size)
+                buffer.div_(len(transport.members()))
         return chosen
     scores = transport.all_gather(torch.tensor([score(model)], dtype=torch.float64,
                                                 device=transport.device))
-    best = min(range(transport.world_size), key=lambda r: (float(scores[r]), r))
+    members = transport.members()  # the living, in all_gather's order, once workers are lost
+    best = min(zip(members, scores), key=lambda m: (float(m[1]), m[0]))[0]
     with torch.no_grad():
         for t in [*params, *chosen.buffers()]:
             transport.broadcast(t.data, src=best)

@@ -258,6 +258,12 @@ class _Loop:
                             "or the data is bad (lower optimizer.lr?)")
 
     @property
+    def leader(self) -> int:
+        """The worker that evaluates and writes the results: 0, or once it is lost (a
+        strategy that carries on without it) the lowest still in the run."""
+        return min(self.t.members())
+
+    @property
     def leads_node(self) -> bool:
         """Writes the run directory's shared files on its node (each node has its own)."""
         return self.rank == 0 or not self.plan.simulated and os.environ.get("LOCAL_RANK") == "0"
@@ -283,7 +289,9 @@ class _Loop:
         consensus = self.replica.consensus_distance()
         model = representative(self.plan.config["run"]["representative"], self.model, self.t,
                                self.score)
-        if self.rank == 0:
+        if self.rank == self.leader:
+            if self.rank != 0 and self.log.last is None:  # worker 0 was lost: its log
+                self.log.take_over()
             accuracy, loss = self.plan.evaluate(model, self.plan.dataset, self.t.device)
             self.log.record(step, when, model, accuracy, loss, consensus)
         self.log.count += 1
@@ -311,7 +319,7 @@ class _Loop:
         totals = torch.tensor([self.sent, self.received, rate, self.skipped], dtype=torch.float64,
                               device=self.t.device)
         self.t.all_reduce(totals)
-        if self.rank != 0:
+        if self.rank != self.leader:
             return None
         model = self.log.model[1]  # in the simulator, all have handed in: totals waited
         torch.save(model.state_dict(), self.plan.run_dir / "model.pt")

@@ -25,31 +25,37 @@ def _run(out, strategy, **env_vars):
                           env={**os.environ, "OMP_NUM_THREADS": "1", **env_vars})
 
 
-CASES = {  # id: (strategy, where the kill is, the steps the killed worker had done)
-    **{s: (s, f"2:{KILLED_AT}", KILLED_AT) for s in ("sgp", "adpsgd", "ps", "ltfb")},
-    "dpsgd-ring": ("dpsgd-ring", f"2:{KILLED_AT}", KILLED_AT),
-    "dpsgd-torus": ("dpsgd-torus", f"2:{KILLED_AT}", KILLED_AT),
+CASES = {  # id: (strategy, the killed rank, where the kill is, the steps it had done)
+    **{s: (s, 2, f"{KILLED_AT}", KILLED_AT) for s in ("sgp", "adpsgd", "ps", "ltfb")},
+    "dpsgd-ring": ("dpsgd-ring", 2, f"{KILLED_AT}", KILLED_AT),
+    "dpsgd-torus": ("dpsgd-torus", 2, f"{KILLED_AT}", KILLED_AT),
     # its message of the round reaches worker 3, not worker 1: the two close the ring
     # around it one round apart (transport/exchange.py)
-    "dpsgd-ring-between-its-sends": ("dpsgd-ring", f"2:{KILLED_AT}:exchange", KILLED_AT - 1),
+    "dpsgd-ring-between-its-sends": ("dpsgd-ring", 2, f"{KILLED_AT}:exchange", KILLED_AT - 1),
+    # worker 0 evaluates and writes the results: worker 1 takes over, with its eval log
+    **{f"{s}-worker-0": (s, 0, f"{KILLED_AT}", KILLED_AT) for s in ("sgp", "adpsgd")},
+    "dpsgd-ring-worker-0": ("dpsgd-ring", 0, f"{KILLED_AT}", KILLED_AT),
 }
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_survivors_carry_on_without_a_killed_worker(case, tmp_path):
-    strategy, kill, done_steps = CASES[case]
-    done = _run(tmp_path, strategy, FASTSGD_TEST_KILL=kill)
+    strategy, killed, kill, done_steps = CASES[case]
+    done = _run(tmp_path, strategy, FASTSGD_TEST_KILL=f"{killed}:{kill}")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stderr.strip() == ("fastsgd: worker 2 was killed by signal 9 (SIGKILL); "
-                                   "the others carry on without it")
+    assert done.stderr.strip() == (f"fastsgd: worker {killed} was killed by signal 9 "
+                                   "(SIGKILL); the others carry on without it")
     summary = json.loads((tmp_path / "summary.json").read_text())
     [lost] = summary["lost_workers"]
-    assert lost["worker"] == 2 and lost["step"] == done_steps
+    assert lost["worker"] == killed and lost["step"] == done_steps
     assert summary["final_accuracy"] > 0.85 and summary["steps"] == STEPS
+    assert summary["evaluations"] == STEPS // COMMON["run.eval_every"]
+    evals = [json.loads(line) for line in (tmp_path / "eval.jsonl").open()]
+    assert [e["step"] for e in evals] == [40, 80, 120]  # one log, whoever wrote it
     ranks = {json.loads(line)["rank"] for line in (tmp_path / "metrics.jsonl").open()
              if json.loads(line)["step"] > KILLED_AT + 10}
-    assert ranks == {0, 1, 3}  # the survivors went on to the end
+    assert ranks == {0, 1, 2, 3} - {killed}  # the survivors went on to the end
 
 
 

@@ -28,11 +28,11 @@ def carries_on_for_real(strategy: object, codec: object) -> bool:
 
 
 def first_expendable(strategy: object) -> int:
-    """The lowest rank the others can carry on without: worker 0 writes the run's results,
-    and a parameter server's ranks hold shards nobody else has."""
+    """The lowest rank the others can carry on without: a parameter server's ranks hold
+    shards nobody else has (the results are written by the lowest survivor, worker.py)."""
     if getattr(strategy, "name", "") == "ps":
         return max(1, getattr(strategy, "servers", 1))
-    return 1
+    return 0
 
 
 def gone_at(transport: Transport, step: int) -> set[int]:

@@ -36,10 +36,11 @@ def assign(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
 
 
 def average(params: list[torch.nn.Parameter], transport) -> torch.Tensor:
-    """The mean of every worker's parameters (one all-reduce), as a flat vector."""
+    """The mean of the parameters of every worker still in the run (one all-reduce), as a
+    flat vector."""
     flat = flatten(params)
     transport.all_reduce(flat)
-    return flat.div_(transport.world_size)
+    return flat.div_(len(transport.members()))
 
 
 def mean_change(params: list[torch.nn.Parameter], anchor: torch.Tensor, ctx: Any,
