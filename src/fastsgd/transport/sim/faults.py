@@ -103,9 +103,6 @@ class Faults:
             raise ConfigError(f"faults.crash: strategy.name = '{name}'{what} does not carry "
                               "on without a lost worker yet (docs/simulator.md, \"Faults\")")
         first = sorted(self.crashes)[0]
-        if first == 0:
-            raise ConfigError("faults.crash: worker 0 writes the run's results and cannot "
-                              "crash yet; crash another worker")
         servers = getattr(strategy, "servers", 0) if name == "ps" else 0
         if first < servers:
             raise ConfigError(f"faults.crash: worker {first} holds a parameter server shard "
