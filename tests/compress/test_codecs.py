@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fastsgd.compress import CODECS, build_compressor, sparse
+from fastsgd.compress import CODECS, build_compressor, quantize, sparse
 from fastsgd.compress.base import Codec
 from fastsgd.compress.bits import pack_bits, unpack_bits
 from fastsgd.compress.powersgd import shape_of
@@ -295,7 +295,8 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-SIZES = [1, 6, 8, 9, 511, 512, 2047, 2048, 2049, 3 * 2048 + 8, NUMEL]
+SIZES = [1, 6, 8, 9, 511, 512, 2047, 2048, 2049, 3 * 2048 + 8, NUMEL,
+         2 * 2**18 + 2049]  # (several of encode's runs, quantize.RUN)
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 8, 9, 13])
@@ -330,6 +331,23 @@ def test_fast_quantizers_match_the_reference(name, reference, numel, dtype):
             g = awkward(numel, step, dtype)
             same_payload(codec.encode(g, state), ref.encode(g, ref_state))
             assert bitwise_equal(state["residual"], ref_state["residual"])
+
+
+@pytest.mark.parametrize("name", ["onebit", "sign"])
+@pytest.mark.parametrize("bucket", [100, 256, 2**18 + 3])
+def test_encoding_in_runs_is_encoding_at_once(name, bucket, monkeypatch):
+    """Runs of whole buckets and whole bytes of flags: the same payloads and residuals as
+    one pass, whatever the bucket (100: runs of lcm(100, 8) elements)."""
+    x = [awkward(3 * 2**18 + 37, step) for step in range(3)]
+    results = []
+    for run in (2**18, 2**30):  # in runs, then at once
+        monkeypatch.setattr(quantize, "RUN", run)
+        codec = build_compressor({"name": name, "bucket": bucket})
+        state = codec.init(x[0])
+        results.append([(codec.encode(g, state), state["residual"].clone()) for g in x])
+    for (runs, residual), (once, whole) in zip(*results):
+        same_payload(runs, once)
+        assert bitwise_equal(residual, whole)
 
 
 class ReferenceTopK(TopK):
