@@ -86,7 +86,8 @@ class Transport(Protocol):
     def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
         """Send an asynchronous message: it never waits for the receiver. A `droppable` one
         may be lost on a lossy (simulated) network; the others are sent again until they
-        arrive, as TCP does."""
+        arrive, as TCP does. Neither the sender nor the receiver changes `tensor` afterwards:
+        the simulator delivers it as it is."""
         ...
 
     def poll(self, tag: int) -> list[tuple[int, torch.Tensor]]:

@@ -328,7 +328,7 @@ class SimTransport:
             self.scheduler.yield_(self.rank)
         if dst != self.rank:
             self._count(frame_bytes(tensor), 0)
-        self.fabric.post(self.rank, dst, tensor, tag, droppable)
+        self.fabric.post(self.rank, dst, tensor, tag, droppable, copy=False)
 
     def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
         """Run `handler(src, payload)` when a message with `tag` arrives, at its arrival
