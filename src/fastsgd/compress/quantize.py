@@ -59,14 +59,20 @@ EF_OPTION = {"error_feedback": Option(bool, True, doc="carry what was not sent t
 RUN = 1 << 18  # elements encoded at a time (1 MB of fp32): their temporaries stay in cache
 
 
-def encode_in_runs(flat: torch.Tensor, residual: torch.Tensor, bucket: int,
+def encode_in_runs(flat: torch.Tensor, state: dict[str, Any], bucket: int,
                    encode: Callable[[torch.Tensor], tuple[Payload, torch.Tensor]]) -> Payload:
     """Error feedback over runs of whole buckets, `encode(target)` giving a run's payload
-    and what it sends; the residual is updated in place. Buckets are encoded on their own
-    and a run of whole bytes of flags packs alone, so payload and residual are those of one
-    pass over the tensor, without its tensor-sized temporaries: out of cache, at 16 MB,
-    they cost page faults (onebit 1.1 GB/s against 2.0 at 1 MB, docs/compression.md)."""
+    and what it sends. Buckets are encoded on their own and a run of whole bytes of flags
+    packs alone, so payload and residual are those of one pass over the tensor, without its
+    tensor-sized temporaries: out of cache, at 16 MB, they cost page faults (onebit 1.1 GB/s
+    against 2.0 at 1 MB, docs/compression.md)."""
     step = math.lcm(bucket, 8) * max(1, RUN // math.lcm(bucket, 8))
+    residual = state["residual"]
+    if flat.numel() <= step:  # one run: no copy back into the residual
+        target = flat + residual
+        payload, sent = encode(target)
+        state["residual"] = target.sub_(sent)
+        return payload
     parts = []
     for start in range(0, flat.numel(), step):
         kept = residual[start:start + step]
@@ -97,7 +103,7 @@ class OneBit(Codec):
         flat = tensor.detach().reshape(-1)
         if not self.error_feedback:
             return self.compress(flat)
-        return encode_in_runs(flat, state["residual"], self.bucket, self._encode_run)
+        return encode_in_runs(flat, state, self.bucket, self._encode_run)
 
     def _encode_run(self, target: torch.Tensor) -> tuple[Payload, torch.Tensor]:
         payload, positive = self._compress(target)
@@ -156,7 +162,7 @@ class Sign(Codec):
         flat = tensor.detach().reshape(-1)
         if not self.error_feedback:
             return self.compress(flat)
-        return encode_in_runs(flat, state["residual"], self.bucket, self._encode_run)
+        return encode_in_runs(flat, state, self.bucket, self._encode_run)
 
     def _encode_run(self, target: torch.Tensor) -> tuple[Payload, torch.Tensor]:
         payload, positive, scales = self._compress(target)
