@@ -68,7 +68,9 @@ def encode_in_runs(flat: torch.Tensor, state: dict[str, Any], bucket: int,
     against 2.0 at 1 MB, docs/compression.md)."""
     step = math.lcm(bucket, 8) * max(1, RUN // math.lcm(bucket, 8))
     residual = state["residual"]
-    if flat.numel() <= step:  # one run: no copy back into the residual
+    # one run, with no copy back into the residual: short tensors, and on a GPU, where a
+    # run's kernel launches would cost more than the cache saves
+    if flat.numel() <= step or flat.device.type != "cpu":
         target = flat + residual
         payload, sent = encode(target)
         state["residual"] = target.sub_(sent)
