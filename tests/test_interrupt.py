@@ -1,6 +1,7 @@
 """Ctrl-C under torchrun: the workers agree through the store on one step to stop after
 (interrupt.StoreStop); the end-to-end test is in test_torchrun.py."""
 
+import threading
 import time
 
 import pytest
@@ -9,39 +10,48 @@ import torch.distributed as dist
 from fastsgd.interrupt import StoreStop
 
 
-def _stops(monkeypatch, n: int) -> list[StoreStop]:
-    monkeypatch.setattr(StoreStop, "LOOK_EVERY", 0.0)  # look at every step
+def _run(monkeypatch, pauses: list[float], asked: int, ahead_looks: int = 3) -> list[int]:
+    """Worker threads, worker r taking `pauses[r]` s a step; worker `asked` gets SIGINT
+    after 0.1 s. The step each stopped after (all must stop)."""
+    monkeypatch.setattr(StoreStop, "LOOK_EVERY", 0.01)
+    monkeypatch.setattr(StoreStop, "AHEAD_LOOKS", ahead_looks)
     store = dist.HashStore()
-    return [StoreStop(store, rank, n) for rank in range(n)]
+    stops = [StoreStop(store, r, len(pauses)) for r in range(len(pauses))]
+    stopped = [0] * len(pauses)
 
+    def worker(r: int) -> None:
+        for step in range(1, 100_000):
+            time.sleep(pauses[r])
+            if stops[r].after(r, step):
+                stopped[r] = step
+                return
 
-def _run(stops: list[StoreStop], ahead: list[int], asked: int, at: int) -> list[int]:
-    """Workers `ahead[r]` steps ahead of worker 0 step in turn; worker `asked` gets SIGINT
-    once worker 0 has done `at` steps. The step each stopped after."""
-    steps, stopped = list(ahead), [0] * len(stops)
-    for k in range(1, 1000):
-        if k == at:
-            stops[asked].on_sigint()
-        for r, stop in enumerate(stops):
-            if not stopped[r]:
-                steps[r] += 1
-                stopped[r] = steps[r] if stop.after(r, steps[r]) else 0
-        if all(stopped):
-            return stopped
-    raise AssertionError(f"never stopped: {stopped}")
+    threads = [threading.Thread(target=worker, args=(r,), daemon=True)
+               for r in range(len(pauses))]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    stops[asked].on_sigint()
+    for t in threads:
+        t.join(timeout=30)
+    assert all(stopped), stopped
+    return stopped
 
 
 @pytest.mark.parametrize("asked", [0, 2])
-def test_every_worker_stops_after_the_same_step_ahead_of_the_furthest(monkeypatch, asked):
-    stops = _stops(monkeypatch, 3)
-    stopped = _run(stops, ahead=[0, 5, 2], asked=asked, at=10)
-    assert len(set(stopped)) == 1
-    assert stopped[0] >= 10 + 5  # the furthest worker had not gone past it
+def test_every_worker_stops_after_the_same_step(monkeypatch, asked):
+    assert len(set(_run(monkeypatch, [0.002, 0.0005, 0.001], asked))) == 1
 
 
-def test_sigint_from_torchruns_agent_right_after_the_terminals_is_the_same_request(
-        monkeypatch):
-    stop = _stops(monkeypatch, 1)[0]
+def test_a_worker_past_the_stop_raises_it_and_the_others_go_on_to_it(monkeypatch):
+    """A straggler proposes a stop 2 steps ahead of what it has seen; the fast worker is
+    far past it by the time it looks: it raises the stop, and all stop there."""
+    stopped = _run(monkeypatch, [0.02, 0.0002], asked=0, ahead_looks=0)
+    assert stopped[0] == stopped[1]
+
+
+def test_sigint_from_torchruns_agent_right_after_the_terminals_is_the_same_request():
+    stop = StoreStop(dist.HashStore(), 0, 1)
     stop.on_sigint()
     stop.on_sigint()  # torchrun forwards the same Ctrl-C: no KeyboardInterrupt
     stop.asked = time.monotonic() - StoreStop.AGAIN_AFTER - 1

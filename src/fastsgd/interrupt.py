@@ -58,9 +58,14 @@ class Stop:
 
 
 class StoreStop:
-    """Ctrl-C under torchrun, agreed through `store` (the job's c10d store)."""
+    """Ctrl-C under torchrun, agreed through `store` (the job's c10d store). One key holds
+    the step to stop after; a worker already past it when it learns it raises it to its own
+    step; a worker stops only once every worker has counted in at the same step (one count
+    per step), and goes on if the step is raised meanwhile."""
 
     LOOK_EVERY = 0.1  # s between looks at the store (one set and one check), for 200 workers
+    AHEAD_LOOKS = 3  # the stop is proposed this many looks' worth of steps ahead
+    WAIT_EVERY = 0.01  # s between looks while waiting at the stop for the others
     AGAIN_AFTER = 2.0  # s: a later SIGINT stops at once (torchrun's agent forwards the first)
 
     def __init__(self, store: Any, rank: int, world_size: int):
@@ -69,7 +74,7 @@ class StoreStop:
         self.asked = 0.0  # when the first SIGINT came
         self.proposed = False
         self.stop_at = 0
-        self.looked = (time.monotonic(), 0)  # (when, at which step)
+        self.looked: tuple[float, int] | None = None  # (when, at which step): from the first
         # no more than about 4000 store requests a second in all, however many workers
         self.every = self.LOOK_EVERY * max(1.0, world_size / 200)
 
@@ -80,12 +85,15 @@ class StoreStop:
 
     def after(self, rank: int, step: int) -> bool:
         now = time.monotonic()
+        if self.looked is None:  # rates count from the first step done here, not setup
+            self.looked = (now, step)
         if not self.stop_at and (self.asked and not self.proposed
                                  or now - self.looked[0] >= self.every):
             self._look(step, now)
-        return self.stop_at == step
+        return bool(self.stop_at) and step >= self.stop_at and self._all_in(step)
 
     def _look(self, step: int, now: float) -> None:
+        assert self.looked is not None
         rate = (step - self.looked[1]) / max(now - self.looked[0], 1e-3)  # steps/s
         self.looked = (now, step)
         self.store.set(f"{self.key}/at/{self.rank}", f"{step} {rate:.3f}")
@@ -97,12 +105,26 @@ class StoreStop:
                 if self.store.check([key]):
                     at, speed = self.store.get(key).decode().split()
                     furthest, fastest = max(furthest, int(at)), max(fastest, float(speed))
-            # ahead of the furthest by what the fastest does until all have looked again (the
-            # progress read is a look old): compare_set, the first proposal wins
-            ahead = 2 + math.ceil(fastest * 3 * self.every)
-            self.store.compare_set(f"{self.key}/at", "", str(furthest + ahead))
+            ahead = 2 + math.ceil(fastest * self.AHEAD_LOOKS * self.every)
+            self.store.compare_set(f"{self.key}/at", "", str(furthest + ahead))  # first wins
         if self.store.check([f"{self.key}/at"]):
-            self.stop_at = max(int(self.store.get(f"{self.key}/at")), step)
+            self.stop_at = int(self.store.get(f"{self.key}/at"))
+
+    def _all_in(self, step: int) -> bool:
+        """At or past the stop: count in here (past it: raise it to here first), then wait
+        until every worker has, or the stop is raised (False: go on to it)."""
+        key = f"{self.key}/at"
+        current = self.store.get(key)
+        while int(current) < step:  # compare_set returns the value it leaves
+            current = self.store.compare_set(key, current, str(step))
+        self.store.add(f"{self.key}/in/{step}", 1)
+        while True:
+            self.stop_at = int(self.store.get(key))
+            if self.stop_at > step:
+                return False
+            if self.store.add(f"{self.key}/in/{step}", 0) >= self.world_size:
+                return True
+            time.sleep(self.WAIT_EVERY)
 
 
 def share(stop: Stop | StoreStop | None) -> None:

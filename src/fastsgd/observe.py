@@ -77,6 +77,7 @@ class _Snapshot:
         self.sum: torch.Tensor | None = None
         self.squares = 0.0
         self.like: torch.nn.Module | None = None
+        self.like_rank = -1
         self.best: tuple[float, int, torch.nn.Module] | None = None
 
     def add(self, rank: int, model: torch.nn.Module, when: float, score: Score) -> None:
@@ -88,8 +89,10 @@ class _Snapshot:
         self.squares += float(diff.dot(diff))
         self.count += 1
         self.when = max(self.when, when)
-        if self.policy == "rank0" and rank == 0 or self.policy == "average" and self.like is None:
-            self.like = copy.deepcopy(model)
+        # rank0: the lowest rank handed in (worker 0, or once it is lost the next)
+        if self.like is None and self.policy in ("average", "rank0") or (
+                self.policy == "rank0" and rank < self.like_rank):
+            self.like, self.like_rank = copy.deepcopy(model), rank
         if self.policy == "best":
             mine = (score(model), rank)
             if self.best is None or mine < self.best[:2]:

@@ -152,7 +152,7 @@ class _Loop:
             self.progress.update(k + 1, loss, self.log.last and self.log.last[1])
             if every and ((k + 1) % every == 0 or k + 1 == self.steps):
                 resume.save(self, k + 1)
-            stop = k + 1 < self.steps and interrupt.stop_after(self.rank, k + 1)
+            stop = interrupt.stop_after(self.rank, k + 1) and k + 1 < self.steps
             resume.kill_if_asked(self.rank, k + 1)  # after its progress is recorded
             if stop:
                 if not (every and (k + 1) % every == 0):
@@ -321,7 +321,11 @@ class _Loop:
         self.t.all_reduce(totals)
         if self.rank != self.leader:
             return None
-        model = self.log.model[1]  # in the simulator, all have handed in: totals waited
+        if self.log.last is None:  # worker 0 was lost after the last evaluation
+            self.log.take_over()
+        # in the simulator, all have handed in: totals waited; a leader that took over after
+        # the last evaluation has its own replica (the run ended averaged, or on its own)
+        model = self.log.model[1] or self.model
         torch.save(model.state_dict(), self.plan.run_dir / "model.pt")
         summary = self.summary(wall_time - self.log.wall, end, totals.tolist())
         write_json(self.plan.run_dir / "summary.json", summary)
