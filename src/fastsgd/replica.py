@@ -128,16 +128,17 @@ class Replica:
             # one float64 copy per worker while it waits for the others, not two: with
             # 1024 simulated workers in one process each extra copy of a 1 MB float32
             # model costs 2 GB
-            mean = torch.cat([p.detach().reshape(-1).double() for p in self.params])
+            # a 1 rides along and counts the workers in the sum (once workers are lost)
+            one = torch.ones(1, dtype=torch.float64, device=self.params[0].device)
+            mean = torch.cat([*(p.detach().reshape(-1).double() for p in self.params), one])
             self.transport.all_reduce(mean)
-            members = len(self.transport.members())  # the living, once workers are lost
-            mean /= members
-            spread = torch.zeros(1, dtype=torch.float64, device=mean.device)
-            for p, center in zip(self.params, mean.split([p.numel() for p in self.params])):
-                spread += (p.detach().reshape(-1).double() - center).square().sum()
+            mean /= mean[-1].item()
+            spread = torch.tensor([0.0, 1.0], dtype=torch.float64, device=mean.device)
+            for p, center in zip(self.params, mean[:-1].split([p.numel() for p in self.params])):
+                spread[0] += (p.detach().reshape(-1).double() - center).square().sum()
             del mean
             self.transport.all_reduce(spread)
-            return float(spread) / members
+            return float(spread[0] / spread[1])
 
     def close(self) -> None:
         self.strategy.close()

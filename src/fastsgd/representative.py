@@ -36,10 +36,10 @@ def representative(policy: str, model: torch.nn.Module, transport: Transport,
                 transport.all_reduce(buffer)
                 buffer.div_(len(transport.members()))
         return chosen
-    scores = transport.all_gather(torch.tensor([score(model)], dtype=torch.float64,
-                                                device=transport.device))
-    members = transport.members()  # the living, in all_gather's order, once workers are lost
-    best = min(zip(members, scores), key=lambda m: (float(m[1]), m[0]))[0]
+    # each score with its rank: once workers are lost, the parts are those of the living
+    scores = transport.all_gather(torch.tensor([score(model), transport.rank],
+                                               dtype=torch.float64, device=transport.device))
+    best = min((float(s[0]), int(s[1])) for s in scores)[1]
     with torch.no_grad():
         for t in [*params, *chosen.buffers()]:
             transport.broadcast(t.data, src=best)

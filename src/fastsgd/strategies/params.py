@@ -37,10 +37,12 @@ def assign(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
 
 def average(params: list[torch.nn.Parameter], transport) -> torch.Tensor:
     """The mean of the parameters of every worker still in the run (one all-reduce), as a
-    flat vector."""
-    flat = flatten(params)
+    flat vector. A 1 rides along and counts the workers that took part: once workers are
+    lost, one found lost during the all-reduce may or may not be in the sum."""
+    one = torch.ones(1, dtype=params[0].dtype, device=params[0].device)
+    flat = parameters_to_vector([*(p.detach() for p in params), one])
     transport.all_reduce(flat)
-    return flat.div_(len(transport.members()))
+    return flat[:-1].div_(flat[-1])
 
 
 def mean_change(params: list[torch.nn.Parameter], anchor: torch.Tensor, ctx: Any,
