@@ -28,7 +28,19 @@ def needs_profile(section: dict) -> bool:
 
 def profile(plan: Plan, warmup: int = 3, repeat: int = 10) -> dict[str, str]:
     """The `[compute]` keys of `plan`'s iteration, measured: forward, backward, update,
-    codec (0 without compression) and reduce_bandwidth."""
+    codec (0 without compression) and reduce_bandwidth. On one intra-op thread, as the
+    simulator computes and as a worker process runs (launch.py): a team of threads, one of
+    them descheduled on a busy machine, stalled every op (a digits MLP's forward profiled
+    at 31 ms instead of about 0.1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _profile(plan, warmup, repeat)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _profile(plan: Plan, warmup: int, repeat: int) -> dict[str, str]:
     torch.manual_seed(plan.config["run"]["seed"])
     model = plan.make_model()
     optimizer = plan.make_optimizer(model.parameters())
