@@ -1,4 +1,7 @@
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")  # before MKL's first call: see fastsgd/__init__
@@ -55,3 +58,18 @@ def orphans(marker: str) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def interrupt_once_training(cmd: list[str], out: Path) -> subprocess.CompletedProcess:
+    """Start `cmd` (a run writing to `out`), send it SIGINT once training has started, and
+    check it ends within 5 s; what it printed on stderr and its exit code."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # training has started
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - began < 5
+    return subprocess.CompletedProcess(cmd, proc.returncode, "", err)

@@ -4,10 +4,8 @@ that never stopped, bit for bit."""
 import errno
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import fastsgd as fs
 from fastsgd import checkpoint
 from fastsgd.errors import UserError
 from fastsgd.transport.sim import simulate
-from tests.conftest import orphans
+from tests.conftest import interrupt_once_training, orphans
 
 STRAIGHT = {"run.steps": 40, "run.checkpoint_every": 10, "run.eval_every": 10,
             "run.target_accuracy": 0.5, "compute.model": "fixed", "compute.step_time": "1ms",
@@ -233,17 +231,10 @@ def _ctrl_c(command: str, out: Path, *sets: str) -> int:
     """Start `fastsgd COMMAND` for ever, send it SIGINT once training has started; check it
     stops within 5 s with exit code 130 and one line saying how to resume; the step."""
     args = [a for item in ("run.steps=100000", f"run.out={out}", *sets) for a in ("--set", item)]
-    proc = subprocess.Popen([sys.executable, "-m", "fastsgd", command, "--quiet", *args],
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 120
-    while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)  # training has started
-    began = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert time.monotonic() - began < 5
-    assert proc.returncode == 130
+    done = interrupt_once_training([sys.executable, "-m", "fastsgd", command, "--quiet", *args],
+                                   out)
+    err = done.stderr
+    assert done.returncode == 130
     step = checkpoint.steps(out)[-1]
     assert err.strip() == (f"fastsgd: interrupted: every worker stopped after step {step} and "
                            f"wrote a checkpoint; resume with: fastsgd {command} --resume {out}")

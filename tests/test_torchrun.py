@@ -4,10 +4,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import torch
 
 from fastsgd import checkpoint
 from fastsgd.launch import free_port
-from tests.conftest import max_abs_diff, orphans, reference_sgd
+from tests.conftest import interrupt_once_training, max_abs_diff, orphans, reference_sgd
 
 SCRIPT = Path(__file__).parent / "scripts" / "torchrun_train.py"
 EXAMPLE = Path(__file__).parents[1] / "examples" / "own_loop.py"
@@ -126,15 +124,7 @@ def test_ctrl_c_under_torchrun_stops_every_worker_with_a_checkpoint(tmp_path, st
         return [*torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "fastsgd", "run",
                 "--quiet", *(a for item in options for a in ("--set", item))]
 
-    proc = subprocess.Popen(job("run.steps=100000", f"run.out={out}"), stderr=subprocess.PIPE,
-                            text=True, env=env)
-    deadline = time.monotonic() + 120
-    while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)  # training has started
-    began = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert time.monotonic() - began < 5
+    err = interrupt_once_training(job("run.steps=100000", f"run.out={out}"), out).stderr
     step = checkpoint.steps(out)[-1]
     ours = [line for line in err.splitlines() if line.startswith("fastsgd")]
     assert ours == [f"fastsgd: interrupted: every worker stopped after step {step} and wrote a "
