@@ -8,11 +8,12 @@ from typing import Any
 import torch
 
 from fastsgd.transport.sim.compute import ComputeModel, Heterogeneity
+from fastsgd.transport.sim.fabric import SimFabric
 from fastsgd.transport.sim.faults import Faults
 from fastsgd.transport.sim.network import Network, parse_bandwidth, parse_seconds
 from fastsgd.transport.sim.scheduler import Scheduler, SimAborted
 from fastsgd.transport.sim.trace import Trace, load_trace
-from fastsgd.transport.sim.transport import SimFabric, SimTransport
+from fastsgd.transport.sim.transport import SimTransport
 
 __all__ = ["ComputeModel", "Faults", "Heterogeneity", "Network", "SimAborted", "SimTransport",
            "Trace", "load_trace", "parse_bandwidth", "parse_seconds", "simulate"]
