@@ -72,9 +72,10 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "checkpoint_every": Option(int, 0, at_least(0), "write a checkpoint every N steps and "
                                    "at the end; 0 = never (see --resume)"),
         "keep_checkpoints": Option(int, 2, at_least(1), "complete checkpoints kept"),
-        "on_failure": Option(str, "restart", one_of(("restart", "stop")),
-                             "a worker process dies: restart every worker from the last "
-                             "checkpoint (fastsgd run's own workers), or stop"),
+        "on_failure": Option(str, "shrink", one_of(("shrink", "restart", "stop")),
+                             "a worker process dies: the survivors go on in a smaller group "
+                             "(allreduce), or every worker restarts from the last checkpoint "
+                             "(fastsgd run's own workers), or stop"),
         "max_restarts": Option(int, 3, at_least(0), "restarts of one run (on_failure)"),
         "max_bad_steps": Option(int, 10, at_least(0), "steps in a row a worker may skip for a "
                                 "NaN or inf loss or gradient before the run stops"),

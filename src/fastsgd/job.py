@@ -33,9 +33,13 @@ from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
-from fastsgd.strategies.membership import carries_on_for_real, first_expendable
+from fastsgd.strategies.membership import (
+    carries_on_for_real,
+    first_expendable,
+    shrinks_for_real,
+)
 from fastsgd.supervise import supervise
-from fastsgd.transport.rendezvous import peer_gone
+from fastsgd.transport.rendezvous import peer_gone, pick_backend
 from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
 from fastsgd.transport.sim.compute import compute_model
 from fastsgd.transport.torch_dist import TorchTransport
@@ -285,23 +289,38 @@ def _check_compute(section: dict, workers: int, seed: int) -> None:
         compute_model(section, seed)
 
 
-def _expendable(plan: Plan) -> int | None:
-    """`fastsgd run`'s own workers carry on without a dead one of rank at least this, where
-    the strategy can and no checkpoints are asked for (a checkpoint of the survivors is not
-    built yet: then run.on_failure restarts or stops); None: they never do."""
+def _survives(plan: Plan) -> str | None:
+    """How `fastsgd run`'s own workers go on without a dead one: "carry_on" (the strategy
+    waits for no collective while training), "shrink" (run.on_failure, a synchronous
+    strategy that can, on gloo: transport/shrink.py), or None: every worker restarts from
+    the last checkpoint, or stops. Not with checkpoints: a checkpoint of the survivors is
+    not built yet."""
     run = plan.config["run"]
-    if (not carries_on_for_real(plan.strategy, plan.compressor) or run["checkpoint_every"]
-            or run["on_failure"] == "stop"):
+    if run["checkpoint_every"] or run["on_failure"] == "stop":
         return None
-    return first_expendable(plan.strategy)
+    if carries_on_for_real(plan.strategy, plan.compressor):
+        return "carry_on"
+    if (run["on_failure"] == "shrink" and shrinks_for_real(plan.strategy, plan.compressor)
+            and pick_backend(run["backend"]) == "gloo"):
+        return "shrink"
+    return None
+
+
+def _expendable(plan: Plan) -> int | None:
+    """The lowest rank whose death the others survive; None: no rank's."""
+    mode = _survives(plan)
+    return None if mode is None else 0 if mode == "shrink" else first_expendable(plan.strategy)
 
 
 def _train_process(plan: Plan) -> None:
     run = plan.config["run"]
     transport = TorchTransport(run["backend"], run["timeout"])
     try:
-        if _expendable(plan) is not None:
+        mode = _survives(plan)
+        if mode == "carry_on":
             transport.carry_on()
+        elif mode == "shrink":
+            transport.shrinkable()
         train(plan, transport)
     finally:
         transport.close()

@@ -4,7 +4,9 @@ Workers are forked, so a Job built from lambdas and local functions needs no pic
 runs torch with one intra-op thread, as torchrun does by default (OMP_NUM_THREADS=1): a
 forked child that starts an OpenMP pool of its own after the parent used one hangs (libgomp
 is not fork-safe). If one worker fails, the others are stopped and its message is raised,
-unless it was killed and the others carry on without it (`expendable`).
+unless it was killed and the others carry on without it (`expendable`). The launcher holds
+the rendezvous store (as torchrun's agent does), so that it outlives any worker: survivors
+that shrink form their new group through it (transport/shrink.py).
 """
 
 from __future__ import annotations
@@ -17,14 +19,20 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from multiprocessing import connection
 
 import torch
+import torch.distributed as dist
 
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
 from fastsgd.interrupt import Stop, catching, share
 
 STOP_WITHIN = 4.5  # seconds the workers have to stop on Ctrl-C
+# the reports of failed workers share the error queue's pipe (64 kB): a worker whose report
+# does not fit blocks in put() until the launcher reads it, which it does once the worker
+# has ended: never. 4 kB each leave room for 16 workers (a RecursionError's trace is 100s).
+REPORT_CHARS = 1000, 3000  # the message, the trace
 
 
 def free_port() -> int:
@@ -52,11 +60,19 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
         try:
             for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
                 p.start()
+            store = _store(port, workers)  # noqa: F841 - held until the workers have ended
             _wait(procs, errors, expendable)
         except KeyboardInterrupt:
             _stop(procs, stop)
         finally:
             _end(procs)
+
+
+def _store(port: int, workers: int) -> dist.TCPStore:
+    """The rendezvous store, served by this process; started after the workers are forked
+    (its server thread is not forked with them), who wait for it as clients."""
+    return dist.TCPStore("127.0.0.1", port, workers, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=60))
 
 
 def _end(procs: list[mp.process.BaseProcess]) -> None:
@@ -141,12 +157,14 @@ def _child(fn: Callable[[], object], rank: int, world: int, port: int,
     share(stop)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), FASTSGD_RESTART=str(restart))
+                      LOCAL_WORLD_SIZE=str(world), FASTSGD_RESTART=str(restart),
+                      TORCHELASTIC_USE_AGENT_STORE="True")  # the launcher's (_store)
     torch.set_num_threads(1)
     try:
         fn()
     except BaseException as e:  # noqa: BLE001 - reported to the parent, then exit 1
-        errors.put((rank, f"{type(e).__name__}: {e}" if not isinstance(e, UserError) else str(e),
-                    isinstance(e, UserError), traceback.format_exc()))
+        message = f"{type(e).__name__}: {e}" if not isinstance(e, UserError) else str(e)
+        errors.put((rank, message[:REPORT_CHARS[0]], isinstance(e, UserError),
+                    traceback.format_exc()[-REPORT_CHARS[1]:]))
         os._exit(1)
     os._exit(0)

@@ -96,6 +96,12 @@ class Replica:
                           "total_steps=N) (or set replica.total_steps), else the replicas "
                           "end apart", stacklevel=3)
 
+    def restart(self) -> None:
+        """Rebuild the strategy's runtime handles (hooks, buckets, handles in flight) and
+        keep its state: after a collective failed and the group shrank (recovery.py)."""
+        self.strategy.close()
+        self.strategy.init(self.params, self.ctx)
+
     def settle(self) -> None:
         """Before a checkpoint, on every worker: let the strategy finish what it has in
         flight (messages, requests), so that its state is all there is (optional

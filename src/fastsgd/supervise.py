@@ -1,11 +1,12 @@
 """Supervising `fastsgd run`'s own worker processes: restarts after a dead worker, and the
 one-line messages for a failure or a Ctrl-C, with the command that resumes the run.
 
-A worker process that vanishes (kill -9, a crash) is a fault: with `run.on_failure =
-"restart"` every worker starts again, up to `run.max_restarts` times, from the newest
-checkpoint (or from the start, the run directory's logs cut back to it), and the summary
-lists what happened. A worker that raises is a bug or a user error, not a fault: the run
-stops. (Under torchrun its elastic agent restarts the workers: README.)
+A worker process that vanishes (kill -9, a crash) is a fault: unless the others go on
+without it (job.py `_survives`) or `run.on_failure = "stop"`, every worker starts again, up
+to `run.max_restarts` times, from the newest checkpoint (or from the start, the run
+directory's logs cut back to it), and the summary lists what happened. A worker that raises
+is a bug or a user error, not a fault: the run stops. (Under torchrun its elastic agent
+restarts the workers: README.)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fastsgd.worker import Plan
 def supervise(plan: Plan, attempt: Callable[[int], None]) -> list[dict[str, Any]]:
     """Run `attempt(k)` (k: restarts so far) until it ends well; returns the failures."""
     run, failures = plan.config["run"], []
-    restarts = run["max_restarts"] if run["on_failure"] == "restart" else 0
+    restarts = run["max_restarts"] if run["on_failure"] != "stop" else 0
     for k in range(restarts + 1):
         began = time.perf_counter()
         try:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fastsgd import checkpoint, interrupt, resume
+from fastsgd import checkpoint, interrupt, recovery, resume
 from fastsgd.compress import Compressor
 from fastsgd.config import to_toml
 from fastsgd.data import Dataset, Shard, test_batches
@@ -31,7 +31,7 @@ from fastsgd.replica import Replica
 from fastsgd.representative import representative
 from fastsgd.rundir import environment, host_names
 from fastsgd.strategies import Strategy
-from fastsgd.transport.base import Transport
+from fastsgd.transport.base import GroupBroken, Transport
 from fastsgd.transport.sim.compute import heterogeneity
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -128,6 +128,7 @@ class _Loop:
         self.log = plan.observer.log if plan.observer else EvalLog(
             plan.run_dir / "eval.jsonl", run["target_accuracy"])
         self.evaluated = 0  # the last step evaluated
+        self.level = 0  # how far this worker got: 2k in step k, 2k+1 once it stepped (recovery)
         self.spread = heterogeneity(plan.config["compute"], run["seed"])
         self.codec = plan.compressor.name != "none"
         replica.ctx.score = lambda: self.score(self.model, own=True)
@@ -143,12 +144,16 @@ class _Loop:
         self.t.barrier()  # everyone starts the clock together (setup is not training time)
         self.t.off_clock()
         self.start, self.wall_start = self.t.now(), time.perf_counter()
-        first = resume.restore(self, *saved) if saved else 0
+        k = resume.restore(self, *saved) if saved else 0
         every = self.plan.config["run"]["checkpoint_every"]
-        for k in range(first, self.steps):
-            loss = self.step(k)
-            if self.eval_every and (k + 1) % self.eval_every == 0:
-                self.evaluate(k + 1)
+        while k < self.steps:
+            try:
+                loss = self.step(k)
+                if self.eval_every and (k + 1) % self.eval_every == 0:
+                    self.evaluate(k + 1)
+            except GroupBroken as e:  # a worker died: the survivors go on (recovery.py)
+                k = recovery.recover(self, e)
+                continue
             self.progress.update(k + 1, loss, self.log.last and self.log.last[1])
             if every and ((k + 1) % every == 0 or k + 1 == self.steps):
                 resume.save(self, k + 1)
@@ -159,9 +164,14 @@ class _Loop:
                     resume.save(self, k + 1)
                 self.progress.close()
                 return None  # Ctrl-C: the launcher says how to resume
+            k += 1
         self.metrics.flush()
         self.progress.close()
-        return self.finish(self.wall())
+        while True:
+            try:
+                return self.finish(self.wall())
+            except GroupBroken as e:
+                recovery.recover(self, e)
 
     def record_environment(self) -> None:
         """config.toml (what ran) and environment.json (where, with what) in the run dir."""
@@ -185,6 +195,7 @@ class _Loop:
         now, t = self.clock, self.t
         sent, received = t.bytes_sent, t.bytes_received
         self.reshard()
+        self.level = 2 * k
         t0 = now()
         x, y = self.shard.batch(k)
         t1 = now()
@@ -210,10 +221,12 @@ class _Loop:
         # free the gradients now, not at the next step: 1 MB less per simulated MLP worker
         # while it waits for the others
         self.optimizer.zero_grad()
+        self.level = 2 * k + 1
         t.compute("update", k)
         t6 = now()
         resume.kill_if_asked(self.rank, k + 1, "parameters")
         self.replica.sync_parameters()
+        self.level = 2 * k + 2
         t7 = now()
         if k == self.steps - 2:
             self.penultimate = t7
@@ -279,8 +292,8 @@ class _Loop:
         """Simulated: hand the replica to the observer, for free (observe.py). Real: a
         collective, every worker joins and rank 0 evaluates; not training time: the clock
         stops once every worker has finished its step."""
-        self.evaluated = step
         if self.plan.observer is not None:
+            self.evaluated = step
             self.plan.observer.hand_in(step, self.rank, self.model, self.clock(), self.score)
             self.t.off_clock()
             return
@@ -294,6 +307,7 @@ class _Loop:
                 self.log.take_over()
             accuracy, loss = self.plan.evaluate(model, self.plan.dataset, self.t.device)
             self.log.record(step, when, model, accuracy, loss, consensus)
+        self.evaluated = step  # only now: redone if a worker died meanwhile (recovery.py)
         self.log.count += 1
         self.eval_time += self.t.now() - began
         self.log.wall += time.perf_counter() - wall

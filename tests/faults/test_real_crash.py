@@ -15,7 +15,7 @@ import torch
 from fastsgd import checkpoint
 
 COMMON = {"data.name": "digits", "model.name": "mlp", "run.workers": 3, "run.steps": 60,
-          "run.checkpoint_every": 20}
+          "run.checkpoint_every": 20, "run.on_failure": "restart"}
 KILLS = {  # id: (strategy, FASTSGD_TEST_KILL, checkpoint_every, the step restarted from)
     "allreduce-between-steps": ("allreduce", "1:37", 20, 20),
     "allreduce-between-steps-no-checkpoint": ("allreduce", "1:37", 0, 0),

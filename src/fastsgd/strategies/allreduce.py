@@ -75,6 +75,7 @@ class _Bucket:
 class AllReduce(Configurable, section="strategy"):
     name = "allreduce"
     CARRIES_ON = ("exact",)  # shrinks: the survivors' all-reduce, the data re-sharded
+    SHRINKS_REAL = True  # also on real processes (gloo): recovery.py
     OPTIONS = {
         "bucket_mb": Option(float, 25.0, positive, "gradient bucket size in MB"),
         "overlap": Option(bool, True, doc="start each bucket's all-reduce during backward"),

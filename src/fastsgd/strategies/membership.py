@@ -27,6 +27,13 @@ def carries_on_for_real(strategy: object, codec: object) -> bool:
             and getattr(codec, "kind", "exact") in getattr(strategy, "CARRIES_ON", ()))
 
 
+def shrinks_for_real(strategy: object, codec: object) -> bool:
+    """Do real worker processes of this synchronous strategy go on in a smaller group without
+    a dead one (SHRINKS_REAL: run.on_failure = "shrink", recovery.py), with this codec?"""
+    return (getattr(strategy, "SHRINKS_REAL", False)
+            and getattr(codec, "kind", "exact") in getattr(strategy, "CARRIES_ON", ()))
+
+
 def first_expendable(strategy: object) -> int:
     """The lowest rank the others can carry on without: a parameter server's ranks hold
     shards nobody else has (the results are written by the lowest survivor, worker.py)."""

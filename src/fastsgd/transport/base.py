@@ -24,6 +24,16 @@ class PeerLost(RuntimeError):
         self.peers, self.received = peers, received or {}
 
 
+class GroupBroken(RuntimeError):
+    """A collective failed because workers died (`lost`); raised only by a transport told to
+    shrink (TorchTransport.shrinkable). The survivors call `transport.shrink()` and go on."""
+
+    def __init__(self, lost: list[int]):
+        super().__init__(f"worker{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} "
+                         "died during a collective")
+        self.lost = lost
+
+
 class Handle(Protocol):
     """An operation in flight; `wait()` returns once its result is in place."""
 

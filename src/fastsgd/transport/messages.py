@@ -56,6 +56,7 @@ class Mailbox:
         self._error: BaseException | None = None
         self.lost: dict[int, float] = {}  # rank -> time.perf_counter() it was found lost
         self._told: set[int] = set()  # the lost that a wait for any sender has reported
+        self.on_lost: Callable[[int], None] | None = None  # called once per peer found lost
 
     def put(self, tag: int, src: int, payload: torch.Tensor, step: int = 0) -> None:
         with self._cond:
@@ -69,8 +70,11 @@ class Mailbox:
 
     def lose(self, rank: int) -> None:
         with self._cond:
+            new = rank not in self.lost
             self.lost.setdefault(rank, time.perf_counter())
             self._cond.notify_all()
+        if new and self.on_lost is not None:
+            self.on_lost(rank)
 
     def lost_now(self) -> dict[int, float]:
         """A copy of `lost` (the reader and sender threads add to it)."""

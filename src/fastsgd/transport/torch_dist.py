@@ -9,6 +9,7 @@ Bytes are counted by the same per-algorithm rules as the simulator (transport/ba
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -44,15 +45,17 @@ from fastsgd.transport.rendezvous import (
     pick_backend,
     rendezvous,
 )
+from fastsgd.transport.shrink import Shrinking, open_group
 from fastsgd.transport.survivors import Survivors
 
 
 class _Work:
-    def __init__(self, work: dist.Work):
-        self._work = work
+    def __init__(self, work: dist.Work, guard):
+        self._work, self._guard = work, guard
 
     def wait(self) -> None:
-        self._work.wait()
+        with self._guard():
+            self._work.wait()
 
 
 _messengers_made = 0  # in this process: their store keys must not meet
@@ -91,7 +94,7 @@ class TorchTransport:
         # inside a noexcept destructor and the process aborts: "terminate called without
         # an active exception", 8 of 60 torchrun runs (2 processes, Replica + allreduce)
         # with the group initialized before fastsgd was imported; 0 of 30 on this group.
-        self._group = dist.new_group()
+        self._group, sockets = open_group(None)
         self.backend = backend
         self._timeout = timeout
         self.rank = dist.get_rank()
@@ -101,6 +104,8 @@ class TorchTransport:
         self._start = time.perf_counter()
         self._messenger: Messenger | None = None
         self._survivors: Survivors | None = None  # carry_on(): collectives as messages
+        self._sockets = sockets  # the group's, until shrinkable() hands them to _shrinking
+        self._shrinking: Shrinking | None = None  # shrinkable(): the group may shrink
         self._exchanges: Exchanges | None = None  # gossip rounds on CPU, once started
         self._step = 0  # the step being computed (compute()): it stamps each message
         self._received_lock = threading.Lock()
@@ -110,31 +115,35 @@ class TorchTransport:
         if self._survivors:
             self._survivors.all_reduce(tensor)
             return Done()
-        size = ring_allreduce_bytes(nbytes(tensor), self.world_size)
+        size = ring_allreduce_bytes(nbytes(tensor), self._size())
         self._count(size, size)
-        work = dist.all_reduce(tensor, group=self._group, async_op=async_op)
-        return _Work(work) if async_op else Done()
+        with self._guard():
+            work = dist.all_reduce(tensor, group=self._group, async_op=async_op)
+        return _Work(work, self._guard) if async_op else Done()
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         if self._survivors:
             return self._survivors.all_gather(tensor)
-        size = ring_allgather_bytes(nbytes(tensor), self.world_size)
+        size = ring_allgather_bytes(nbytes(tensor), self._size())
         self._count(size, size)
-        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(out, tensor, group=self._group)
+        out = [torch.empty_like(tensor) for _ in range(self._size())]
+        with self._guard():
+            dist.all_gather(out, tensor, group=self._group)
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         if self._survivors:
             return self._survivors.broadcast(tensor, src)
         size = nbytes(tensor)
-        self._count(tree_broadcast_bytes(size, self.world_size, self.rank, src),
-                    0 if self.rank == src else size)
-        dist.broadcast(tensor, src, group=self._group)
+        members = self.members()  # the tree's positions: among the members
+        self._count(tree_broadcast_bytes(size, len(members), members.index(self.rank),
+                                         members.index(src)), 0 if self.rank == src else size)
+        with self._guard():
+            dist.broadcast(tensor, src, group=self._group)
 
     def send(self, tensor: torch.Tensor, dst: int) -> Handle:
         self._count(nbytes(tensor), 0)
-        return _Work(dist.isend(tensor, dst, group=self._group))
+        return _Work(dist.isend(tensor, dst, group=self._group), self._guard)
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         dist.recv(tensor, src, group=self._group)
@@ -181,13 +190,43 @@ class TorchTransport:
             raise self._lost(e) from None
 
     def _lost(self, error: PeerLost) -> RuntimeError:
-        """PeerLost for workers that carry on without the lost (carry_on), else PeerGone."""
-        return error if self._survivors else PeerGone(f"{error} (its connection closed)")
+        """PeerLost for workers that carry on without the lost (carry_on) or shrink, else
+        PeerGone."""
+        keep = self._survivors or self._shrinking
+        return error if keep else PeerGone(f"{error} (its connection closed)")
 
     def barrier(self) -> None:
         if self._survivors:
             return self._survivors.barrier()
-        dist.barrier(group=self._group)
+        with self._guard():
+            dist.barrier(group=self._group)
+
+    @contextlib.contextmanager
+    def _guard(self):
+        """A gloo error in a group that may shrink: GroupBroken if a member died."""
+        try:
+            yield
+        except RuntimeError as e:
+            if self._shrinking is None or isinstance(e, PeerLost):
+                raise
+            raise self._shrinking.broken(e) from None
+
+    def shrinkable(self) -> None:
+        """Collective: from now on a worker's death fails every member's collective at once
+        with GroupBroken (transport/shrink.py), and `shrink()` forms the survivors' group.
+        For `fastsgd run`'s own workers of a synchronous strategy (run.on_failure)."""
+        self.start_messages()
+        self._shrinking = Shrinking(self.world_size, self._sockets,
+                                    self._require_messages().mailbox)
+
+    def shrink(self) -> list[int]:
+        """Collective among the survivors after GroupBroken: their group from now on."""
+        assert self._shrinking is not None, "shrink() needs shrinkable()"
+        self._group = self._shrinking.shrink(self)  # the broken one is left as it is
+        return self.members()
+
+    def _size(self) -> int:
+        return len(self._shrinking.members) if self._shrinking else self.world_size
 
     def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """Collective: a tensor in this machine's shared memory, the same for every worker,
@@ -268,6 +307,8 @@ class TorchTransport:
         self._survivors = Survivors(self)
 
     def members(self) -> list[int]:
+        if self._shrinking is not None:
+            return list(self._shrinking.members)
         gone = self.departed()
         return [r for r in range(self.world_size) if r not in gone]
 
@@ -275,11 +316,13 @@ class TorchTransport:
         """The peers whose connection ended without a goodbye, when carrying on. The step it
         left at is the one after the last it sent this worker a message from: TCP
         delivered everything it sent before dying."""
-        if self._survivors is None or self._messenger is None:
+        if self._survivors is None and self._shrinking is None or self._messenger is None:
             return {}
         last = self._messenger.last_step
+        members = self._shrinking.members if self._shrinking else ()
         return {r: (last.get(r, -1) + 1, when - self._start)
-                for r, when in sorted(self._messenger.mailbox.lost_now().items())}
+                for r, when in sorted(self._messenger.mailbox.lost_now().items())
+                if r not in members}
 
     def now(self) -> float:
         if self.device.type == "cuda":

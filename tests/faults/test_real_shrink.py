@@ -1,0 +1,71 @@
+"""Real processes (`fastsgd run`, allreduce, run.on_failure = "shrink", the default): a
+worker killed (-9) between steps, mid-collective or after it; the survivors break out of the
+collective at once, form a group of their own and finish, every replica alike."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+STEPS = 120
+COMMON = {"data.name": "digits", "run.workers": 3, "run.eval_every": 40,
+          "strategy.name": "allreduce"}
+
+
+def _run(out, model="mlp", steps=STEPS, kill=None, **sets):
+    sets = {**COMMON, "model.name": model, "run.steps": steps, "run.out": str(out), **sets}
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if kill:
+        env["FASTSGD_TEST_KILL"] = kill
+    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--quiet", *args],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def _survived(out, done, killed, steps=STEPS):
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.strip() == (f"fastsgd: worker {killed} was killed by signal 9 "
+                                   "(SIGKILL); the others carry on without it")
+    summary = json.loads((out / "summary.json").read_text())
+    assert [lost["worker"] for lost in summary["lost_workers"]] == [killed]
+    assert summary["steps"] == steps and summary["consensus_distance"] == 0  # alike
+    return summary
+
+
+@pytest.mark.multiproc
+def test_whoever_dies_after_a_step_the_survivors_end_with_the_same_bits(tmp_path):
+    """Killed after step 60: the survivors' all-reduce of step 61 fails everywhere, and they
+    do step 61 again between the two of them, each half of the global batch. Which worker
+    died does not matter (worker 0, which evaluates, included): the same bits."""
+    models = []
+    for killed in (0, 1, 2):
+        out = tmp_path / str(killed)
+        summary = _survived(out, _run(out, kill=f"{killed}:60"), killed)
+        assert summary["lost_workers"][0]["step"] == 60
+        assert summary["final_accuracy"] > 0.9
+        evals = [json.loads(line)["step"] for line in (out / "eval.jsonl").open()]
+        assert evals == [40, 80, 120]
+        models.append(torch.load(out / "model.pt", weights_only=True))
+    assert all(torch.equal(models[0][k], m[k]) for m in models[1:] for k in m)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("kill", ["0:10:gradients", "1:10:parameters"])
+def test_a_death_mid_collective_leaves_no_survivor_behind(kill, tmp_path):
+    """ResNet-20 (BatchNorm buffers are all-reduced after the optimizer step): killed while
+    its gradients' all-reduce is in flight, some survivors may complete it and others not,
+    those behind take the state of one ahead; killed after it, the survivors redo the
+    buffers' all-reduce among themselves. Either way they end alike (consensus 0)."""
+    killed = int(kill[0])
+    _survived(tmp_path, _run(tmp_path, "resnet20", 20, kill, **{"run.eval_every": 10}),
+              killed, steps=20)
+
+
+@pytest.mark.multiproc
+def test_on_failure_stop_stops_every_worker(tmp_path):
+    done = _run(tmp_path, steps=60, kill="1:20", **{"run.on_failure": "stop"})
+    assert done.returncode == 1
+    assert done.stderr.strip() == "fastsgd: error: worker 1 was killed by signal 9 (SIGKILL)"
