@@ -239,3 +239,18 @@ def test_fashion_mnist_loads() -> None:
     assert ds.train_x.shape == (60000, 1, 28, 28) and ds.test_x.shape == (10000, 1, 28, 28)
     assert ds.train_y.shape == (60000,) and ds.num_classes == 10
     assert ds.input_shape == (1, 28, 28)
+
+
+def test_survivors_split_the_same_global_batches_among_themselves():
+    """3 workers of batch 7 lose one, then another: the global batch of 21 is split 11 + 10,
+    then 21; every sample of every step is taken exactly once, in order."""
+    x, y = torch.arange(100.0).unsqueeze(1), torch.arange(100)
+    whole = Shard(x, y, batch_size=21, rank=0, world_size=1, seed=4)
+    shard = Shard(x, y, batch_size=7, rank=2, world_size=3, seed=4)
+    for count in (2, 1):
+        parts = [shard.among(i, count) for i in range(count)]
+        for step in (0, 3, 4, 9):  # 4 steps an epoch: 9 is in the third
+            taken = torch.cat([p.batch(step)[1] for p in parts])
+            assert torch.equal(taken, whole.batch(step)[1])
+        assert [len(p.batch(0)[1]) for p in parts] == ([11, 10] if count == 2 else [21])
+        assert all(p.steps_per_epoch == 4 for p in parts)

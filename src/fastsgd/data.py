@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gzip
 import math
 import zlib
@@ -229,6 +230,9 @@ class Shard:
     batch_size * world_size samples (the incomplete last one is dropped); worker `rank` gets
     the slice [rank * batch_size:(rank + 1) * batch_size] of each global batch.
 
+    `among(i, n)` splits the same global batches among n workers (the survivors of a run that
+    lost workers): part i of n near-equal parts, so that no sample goes unseen and none twice.
+
     Iterating yields one epoch of batches, `batch(k)` for each of its global steps k; each
     new `iter(shard)` starts the next epoch (0, 1, 2...; set `epoch` to resume elsewhere).
     A shard holds references to x and y (the dataset is held once, whatever the number of
@@ -253,6 +257,17 @@ class Shard:
                 f"the {len(x)} training samples"
             )
         self.epoch = 0  # the epoch the next iter(shard) yields
+        self.part = (rank * batch_size, (rank + 1) * batch_size)  # of each global batch
+
+    def among(self, index: int, count: int) -> Shard:
+        """The same global batches, split among `count` workers: part `index` (the first
+        `size % count` parts have one sample more)."""
+        size = self.batch_size * self.world_size
+        share, extra = divmod(size, count)
+        start = index * share + min(index, extra)
+        split = copy.copy(self)
+        split.part = (start, start + share + (index < extra))
+        return split
 
     @property
     def steps_per_epoch(self) -> int:
@@ -277,8 +292,8 @@ class Shard:
         if step < 0:
             raise ValueError(f"step must be non-negative, got {step}")
         epoch, k = divmod(step, self._steps)
-        start = k * self.batch_size * self.world_size + self.rank * self.batch_size
-        idx = self._permutation(epoch)[start : start + self.batch_size]
+        first = k * self.batch_size * self.world_size
+        idx = self._permutation(epoch)[first + self.part[0] : first + self.part[1]]
         return self.x[idx], self.y[idx]
 
 

@@ -115,6 +115,7 @@ class _Loop:
         self.t = replica.transport
         self.rank, self.world = self.t.rank, self.t.world_size
         self.shard = plan.shard(self.rank, self.world)
+        self.members = list(range(self.world))  # those the shard is split among (reshard)
         self.steps = plan.total_steps(self.world)
         run = plan.config["run"]
         self.eval_every = run["eval_every"]
@@ -243,11 +244,13 @@ class _Loop:
         return value
 
     def reshard(self) -> None:
-        """Workers were lost (the simulator's faults): the survivors split each global batch
-        among themselves from now on, so no part of the data goes unseen."""
+        """Workers were lost: the survivors split each global batch among themselves from
+        now on, so no part of the data goes unseen (and allreduce stays large-batch SGD)."""
         members = self.t.members()
-        if len(members) != self.shard.world_size:
-            self.shard = self.plan.shard(members.index(self.rank), len(members))
+        if members != self.members:
+            self.members = members
+            self.shard = self.plan.shard(self.rank, self.world).among(members.index(self.rank),
+                                                                       len(members))
 
     def check_finite(self, k: int, loss: float) -> None:
         """A NaN or inf loss or gradient: this worker's batch is skipped (its gradients are
