@@ -84,10 +84,16 @@ def gather_digests(digest: bytes, transport: Transport) -> list[str]:
     return [bytes(t.tolist()).hex() for t in transport.all_gather(mine)]
 
 
-def commit(run_dir: Path, step: int, digests: list[str], keep: int) -> None:
+def commit(run_dir: Path, step: int, digests: list[str], keep: int,
+           members: list[int] | None = None, workers: int | None = None) -> None:
     """Write the manifest (the checkpoint is complete from then on), then drop all but the
-    newest `keep` complete checkpoints, and incomplete ones older than this."""
-    manifest = {"format": FORMAT, "step": step, "workers": len(digests), "sha256": digests}
+    newest `keep` complete checkpoints, and incomplete ones older than this. `members`: the
+    ranks whose `digests` these are, when a run of `workers` shrank (lost ranks get none)."""
+    members = list(range(len(digests))) if members is None else members
+    by_rank = dict(zip(members, digests))
+    workers = workers or len(digests)
+    manifest = {"format": FORMAT, "step": step, "workers": workers,
+                "sha256": [by_rank.get(r) for r in range(workers)]}
     write_atomic(step_dir(run_dir, step) / "manifest.json",
                  (json.dumps(manifest, indent=1) + "\n").encode())
     complete = [s for s in steps(run_dir) if s <= step]
@@ -115,13 +121,16 @@ def steps(run_dir: Path) -> list[int]:
 
 def intact(run_dir: Path, step: int, rank: int, workers: int) -> bytes | None:
     """Worker `rank`'s file of `step`, if the manifest vouches for it; else None, with a
-    line on stderr saying what is wrong."""
+    line on stderr saying what is wrong. A worker lost before a checkpoint of a run that
+    shrank (allreduce: its replicas are alike) starts again from the lowest survivor's."""
     folder = step_dir(run_dir, step)
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
         if manifest["workers"] != workers:
             _warn(f"checkpoint {folder} has {manifest['workers']} workers, this run {workers}")
             return None
+        if manifest["sha256"][rank] is None:
+            rank = next(r for r, digest in enumerate(manifest["sha256"]) if digest)
         data = rank_file(run_dir, step, rank).read_bytes()
     except (OSError, ValueError, KeyError) as e:
         _warn(f"checkpoint {folder} is unreadable ({e}): using an earlier one")

@@ -131,7 +131,8 @@ class Job:
         plan = self.plan(config)
         failures = supervise(plan, lambda attempt: launch(
             lambda: _train_process(plan), config["run"]["workers"], restart=attempt,
-            expendable=_expendable(plan)))
+            expendable=_expendable(plan),
+            survivors_stop=config["run"]["on_failure"] == "stop"))
         return _result(plan.run_dir, failures)
 
     def simulate(self, workers: int | None = None, network: Network | None = None,
@@ -292,17 +293,18 @@ def _check_compute(section: dict, workers: int, seed: int) -> None:
 def _survives(plan: Plan) -> str | None:
     """How `fastsgd run`'s own workers go on without a dead one: "carry_on" (the strategy
     waits for no collective while training), "shrink" (run.on_failure, a synchronous
-    strategy that can, on gloo: transport/shrink.py), or None: every worker restarts from
-    the last checkpoint, or stops. Not with checkpoints: a checkpoint of the survivors is
-    not built yet."""
+    strategy that can, on gloo: transport/shrink.py; with run.on_failure = "stop" the
+    survivors write a checkpoint and stop), or None: every worker restarts from the last
+    checkpoint, or stops. Strategies that carry on do not with checkpoints: a checkpoint of
+    their survivors is not built yet."""
     run = plan.config["run"]
+    if (run["on_failure"] != "restart" and shrinks_for_real(plan.strategy, plan.compressor)
+            and pick_backend(run["backend"], local=run["workers"]) == "gloo"):
+        return "shrink"  # then, with "stop", the survivors write a checkpoint and stop
     if run["checkpoint_every"] or run["on_failure"] == "stop":
         return None
     if carries_on_for_real(plan.strategy, plan.compressor):
         return "carry_on"
-    if (run["on_failure"] == "shrink" and shrinks_for_real(plan.strategy, plan.compressor)
-            and pick_backend(run["backend"]) == "gloo"):
-        return "shrink"
     return None
 
 

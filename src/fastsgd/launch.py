@@ -42,11 +42,13 @@ def free_port() -> int:
 
 
 def launch(fn: Callable[[], object], workers: int, restart: int = 0,
-           expendable: int | None = None) -> None:
+           expendable: int | None = None, survivors_stop: bool = False) -> None:
     """Run `fn()` in `workers` processes with RANK/WORLD_SIZE/MASTER_* set (and
     FASTSGD_RESTART, how many times the run was restarted); wait for all. The first worker
     that fails stops the others at once, except a worker of rank `expendable` or above
-    killed by a signal: the others carry on without it (one line says so)."""
+    killed by a signal: the others carry on without it (one line says so), or, with
+    `survivors_stop`, write a checkpoint and stop (WorkerFailed once they have ended).
+    WorkerFailed too if every worker was lost."""
     if torch.cuda.is_initialized():  # a forked child cannot use the parent's CUDA context
         raise UserError("this process used CUDA before starting its workers, and forked "
                         "workers cannot use it: start them first, or use torchrun")
@@ -61,7 +63,7 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
             for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
                 p.start()
             store = _store(port, workers)  # noqa: F841 - held until the workers have ended
-            _wait(procs, errors, expendable)
+            _wait(procs, errors, expendable, survivors_stop)
         except KeyboardInterrupt:
             _stop(procs, stop)
         finally:
@@ -71,8 +73,12 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
 def _store(port: int, workers: int) -> dist.TCPStore:
     """The rendezvous store, served by this process; started after the workers are forked
     (its server thread is not forked with them), who wait for it as clients."""
-    return dist.TCPStore("127.0.0.1", port, workers, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=60))
+    try:
+        return dist.TCPStore("127.0.0.1", port, workers, is_master=True,
+                             wait_for_workers=False, timeout=timedelta(seconds=60))
+    except dist.DistNetworkError as e:
+        raise UserError(f"cannot serve the workers' rendezvous on 127.0.0.1:{port}: "
+                        f"{str(e).splitlines()[0]}") from None
 
 
 def _end(procs: list[mp.process.BaseProcess]) -> None:
@@ -91,7 +97,7 @@ def _end(procs: list[mp.process.BaseProcess]) -> None:
 
 
 def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
-          expendable: int | None) -> None:
+          expendable: int | None, survivors_stop: bool = False) -> None:
     """Until all have ended; a failure is seen the moment its process ends."""
     running, lost = list(procs), set()
     while running:
@@ -102,15 +108,24 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
             rank = procs.index(p)
             if p.exitcode < 0 and expendable is not None and rank >= expendable:
                 lost.add(rank)
-                print(f"fastsgd: {_failure(rank, p.exitcode, errors)}; the others carry on "
-                      "without it", file=sys.stderr, flush=True)
+                if not survivors_stop and len(lost) < len(procs):
+                    print(f"fastsgd: {_failure(rank, p.exitcode, errors)}; the others carry "
+                          "on without it", file=sys.stderr, flush=True)
             elif p.exitcode != 0:
                 # a worker that vanished (a signal) is the cause; its peers' connection
                 # errors, which may come first, are the consequence
                 dead = [q for q in procs if q.exitcode is not None and q.exitcode < 0
                         and procs.index(q) not in lost]
+                if not dead and lost:  # the survivors of a loss could not go on: a fault
+                    raise WorkerFailed(f"{_failure(min(lost), procs[min(lost)].exitcode, errors)}"
+                                       "; the others could not go on without it", died=True)
                 first = dead[0] if dead else p
                 raise _failure(procs.index(first), first.exitcode, errors)
+    if lost and (survivors_stop or len(lost) == len(procs)):
+        failure = _failure(min(lost), procs[min(lost)].exitcode, errors)
+        then = ("" if len(lost) == len(procs) else
+                '; the survivors wrote a checkpoint and stopped (run.on_failure = "stop")')
+        raise WorkerFailed(f"{failure}{then}", died=True)
 
 
 def _stop(procs: list[mp.process.BaseProcess], stop: Stop) -> None:

@@ -39,22 +39,37 @@ def recover(loop: Loop, error: GroupBroken) -> int:
 def _recover(loop: Loop, error: GroupBroken) -> int:
     t = loop.t
     members = t.shrink()  # the launcher has said who died, in one line
-    mine = torch.tensor([loop.level, loop.evaluated], dtype=torch.int64)
-    levels, evaluated = zip(*(map(int, part) for part in t.all_gather(mine)))
+    mine = torch.tensor([loop.level, _recorded(loop, min(members))], dtype=torch.int64)
+    levels, recorded = zip(*(map(int, part) for part in t.all_gather(mine)))
     level = max(levels)
     donor = members[levels.index(level)]
     loop.replica.restart()  # handles in flight in the broken group are gone
     if min(levels) < level:
         _catch_up(loop, donor, behind=loop.level < level)
-    loop.level = level
+    if loop.evaluated > min(recorded):  # its evaluation was lost with the evaluator
+        loop.log.count -= 1
+    loop.level, loop.evaluated = level, min(recorded)  # what the leader's log holds
     step = level // 2
     if level % 2:  # stepped, its parameter exchange failed: that again, among the survivors
         loop.replica.sync_parameters()
         step += 1
         loop.level = 2 * step
-    if step and loop.eval_every and step % loop.eval_every == 0 and min(evaluated) < step:
+    if step == loop.steps - 1 and loop.penultimate is None:
+        loop.penultimate = loop.clock()
+    due = step == loop.steps or loop.eval_every and step % loop.eval_every == 0
+    if step and due and loop.evaluated < step:
         loop.evaluate(step)
     return step
+
+
+def _recorded(loop: Loop, leader: int) -> int:
+    """The last step the evaluation log holds, from its writer: the leader (which takes the
+    log over if its writer was lost); the others say "any"."""
+    if loop.rank != leader:
+        return 2**62
+    if loop.rank != 0 and loop.log.last is None:
+        loop.log.take_over()
+    return loop.log.last[0] if loop.log.last else 0
 
 
 def _catch_up(loop: Loop, donor: int, behind: bool) -> None:

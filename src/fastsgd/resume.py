@@ -46,7 +46,9 @@ def kill_if_asked(rank: int, step: int, where: str = "step") -> None:
     STEP steps; RANK:STEP:checkpoint, while it writes the checkpoint of STEP (its file is
     in, the manifest not yet); RANK:STEP:gradients and RANK:STEP:parameters, in step STEP
     just before its gradient or parameter exchange (allreduce's buckets are then already
-    in flight, launched during backward: a death mid-collective). Only in a run's first
+    in flight, launched during backward: a death mid-collective); RANK:STEP:evaluation, as
+    the evaluator of STEP computes the accuracy (after the evaluation's collectives). Only in
+    a run's first
     attempt, not again after a restart by fastsgd run or torchrun.
     FASTSGD_TEST_KILL_AFTER_CHECKPOINT=STEP kills every worker right after that checkpoint."""
     target = os.environ.get("FASTSGD_TEST_KILL", "")
@@ -65,7 +67,8 @@ def complete(loop: Loop, step: int, digest: bytes, began: float,
     clock. A resumed simulation replays it (without the manifest) to end at the same time."""
     digests = gather_digests(digest, loop.t)
     if write_manifest and loop.leads_node:
-        commit(loop.plan.run_dir, step, digests, loop.plan.config["run"]["keep_checkpoints"])
+        commit(loop.plan.run_dir, step, digests, loop.plan.config["run"]["keep_checkpoints"],
+               loop.t.members(), loop.t.world_size)
     loop.paused += loop.t.now() - began
 
 

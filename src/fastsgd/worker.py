@@ -129,6 +129,7 @@ class _Loop:
         self.log = plan.observer.log if plan.observer else EvalLog(
             plan.run_dir / "eval.jsonl", run["target_accuracy"])
         self.evaluated = 0  # the last step evaluated
+        self.penultimate: float | None = None  # the clock after the second-to-last step
         self.level = 0  # how far this worker got: 2k in step k, 2k+1 once it stepped (recovery)
         self.spread = heterogeneity(plan.config["compute"], run["seed"])
         self.codec = plan.compressor.name != "none"
@@ -154,6 +155,10 @@ class _Loop:
                     self.evaluate(k + 1)
             except GroupBroken as e:  # a worker died: the survivors go on (recovery.py)
                 k = recovery.recover(self, e)
+                if self.plan.config["run"]["on_failure"] == "stop":
+                    resume.save(self, k)  # the survivors' checkpoint; the launcher tells
+                    self.progress.close()
+                    return None
                 continue
             self.progress.update(k + 1, loss, self.log.last and self.log.last[1])
             if every and ((k + 1) % every == 0 or k + 1 == self.steps):
@@ -281,8 +286,10 @@ class _Loop:
 
     @property
     def leads_node(self) -> bool:
-        """Writes the run directory's shared files on its node (each node has its own)."""
-        return self.rank == 0 or not self.plan.simulated and os.environ.get("LOCAL_RANK") == "0"
+        """Writes the run directory's shared files on its node (each node has its own; the
+        leader's is written by the leader, worker 0 or, once it is lost, the lowest left)."""
+        local_first = not self.plan.simulated and os.environ.get("LOCAL_RANK") == "0"
+        return self.rank == self.leader or local_first
 
     def straggle(self, k: int, seconds: float) -> None:
         """On real processes, a slow worker (compute.slowdown, stragglers) sleeps the extra
@@ -308,6 +315,7 @@ class _Loop:
         if self.rank == self.leader:
             if self.rank != 0 and self.log.last is None:  # worker 0 was lost: its log
                 self.log.take_over()
+            resume.kill_if_asked(self.rank, step, "evaluation")
             accuracy, loss = self.plan.evaluate(model, self.plan.dataset, self.t.device)
             self.log.record(step, when, model, accuracy, loss, consensus)
         self.evaluated = step  # only now: redone if a worker died meanwhile (recovery.py)
@@ -331,7 +339,8 @@ class _Loop:
             self.evaluate(self.steps)
         # each worker's own rate up to its last step (where asynchronous strategies drain,
         # waiting for the slowest): fast workers get more done
-        steps, seconds = (self.steps - 1, self.penultimate) if self.steps > 1 else (1, end)
+        steps, seconds = ((self.steps - 1, self.penultimate) if self.steps > 1
+                          and self.penultimate is not None else (self.steps, end))
         rate = steps * self.plan.config["data"]["batch_size"] / seconds if seconds > 0 else 0.0
         totals = torch.tensor([self.sent, self.received, rate, self.skipped], dtype=torch.float64,
                               device=self.t.device)

@@ -60,19 +60,77 @@ def test_whoever_dies_the_survivors_train_the_model_of_the_run_without_a_death(t
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("kill", ["0:10:gradients", "1:10:parameters"])
+@pytest.mark.parametrize("kill", ["0:10:gradients", "1:10:parameters", "1:19:parameters"])
 def test_a_death_mid_collective_leaves_no_survivor_behind(kill, tmp_path):
     """ResNet-20 (BatchNorm buffers are all-reduced after the optimizer step): killed while
     its gradients' all-reduce is in flight, some survivors may complete it and others not,
     those behind take the state of one ahead; killed after it, the survivors redo the
-    buffers' all-reduce among themselves. Either way they end alike (consensus 0)."""
+    buffers' all-reduce among themselves. Either way they end alike (consensus 0); in the
+    second-to-last step too, whose end times the run's rate."""
     killed = int(kill[0])
     _survived(tmp_path, _run(tmp_path, "resnet20", 20, kill, **{"run.eval_every": 10}),
               killed, steps=20)
 
 
 @pytest.mark.multiproc
-def test_on_failure_stop_stops_every_worker(tmp_path):
-    done = _run(tmp_path, steps=60, kill="1:20", **{"run.on_failure": "stop"})
+@pytest.mark.parametrize("step", [40, 60])
+def test_the_evaluator_dies_while_it_evaluates_and_a_survivor_evaluates_again(step, tmp_path):
+    """Worker 0 dies computing the accuracy of step 40 (or of the last step), after the
+    evaluation's collectives: worker 1 takes over the log and evaluates that step again."""
+    out = tmp_path
+    summary = _survived(out, _run(out, steps=60, kill=f"0:{step}:evaluation",
+                                  **{"run.eval_every": 20}), 0, steps=60)
+    assert [json.loads(line)["step"] for line in (out / "eval.jsonl").open()] == [20, 40, 60]
+    assert summary["evaluations"] == 3
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    assert _run(out).returncode == 0
+    return torch.load(out / "model.pt", weights_only=True)
+
+
+def _resume(out, *sets):
+    args = [a for item in sets for a in ("--set", item)]
+    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--resume", str(out),
+                           "--quiet", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _manifest(out, step):
+    return json.loads((out / "checkpoints" / f"step-{step:08d}" / "manifest.json").read_text())
+
+
+@pytest.mark.multiproc
+def test_on_failure_stop_the_survivors_checkpoint_and_the_run_resumes_whole(straight, tmp_path):
+    """Worker 0 killed after step 37: the survivors write a checkpoint of step 37 and stop;
+    the resumed run starts worker 0 again from a survivor's replica (allreduce's are alike)
+    and ends with the bits of the run that never failed."""
+    done = _run(tmp_path, kill="0:37", **{"run.on_failure": "stop"})
     assert done.returncode == 1
-    assert done.stderr.strip() == "fastsgd: error: worker 1 was killed by signal 9 (SIGKILL)"
+    assert done.stderr.strip().splitlines() == [
+        "fastsgd: error: worker 0 was killed by signal 9 (SIGKILL); the survivors wrote a "
+        'checkpoint and stopped (run.on_failure = "stop")',
+        f"the run can go on from its last checkpoint: fastsgd run --resume {tmp_path}"]
+    assert _manifest(tmp_path, 37)["sha256"][0] is None
+    resumed = _resume(tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    model = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all(torch.equal(straight[k], model[k]) for k in straight)
+
+
+@pytest.mark.multiproc
+def test_a_run_that_shrank_checkpoints_its_survivors(straight, tmp_path):
+    """With run.checkpoint_every, allreduce shrinks too: the checkpoints after the loss hold
+    the survivors, and a resume to train longer starts all three again."""
+    done = _run(tmp_path, kill="1:30", **{"run.checkpoint_every": 20})
+    _survived(tmp_path, done, 1)
+    model = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all((straight[k] - model[k]).abs().max() < 1e-6 for k in straight)
+    assert [d is None for d in _manifest(tmp_path, 120)["sha256"]] == [False, True, False]
+    longer = _resume(tmp_path, "run.steps=140")
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    ranks = {json.loads(line)["rank"] for line in (tmp_path / "metrics.jsonl").open()
+             if json.loads(line)["step"] > 120}
+    assert ranks == {0, 1, 2}

@@ -57,6 +57,7 @@ class Mailbox:
         self.lost: dict[int, float] = {}  # rank -> time.perf_counter() it was found lost
         self._told: set[int] = set()  # the lost that a wait for any sender has reported
         self.on_lost: Callable[[int], None] | None = None  # called once per peer found lost
+        self.finished: set[int] = set()  # the peers whose goodbye came
 
     def put(self, tag: int, src: int, payload: torch.Tensor, step: int = 0) -> None:
         with self._cond:
@@ -75,6 +76,15 @@ class Mailbox:
             self._cond.notify_all()
         if new and self.on_lost is not None:
             self.on_lost(rank)
+
+    def finish(self, rank: int) -> None:
+        with self._cond:
+            self.finished.add(rank)
+
+    def done(self) -> set[int]:
+        """The peers that said goodbye: they ended their part of the run."""
+        with self._cond:
+            return set(self.finished)
 
     def lost_now(self) -> dict[int, float]:
         """A copy of `lost` (the reader and sender threads add to it)."""
@@ -255,6 +265,7 @@ class Messenger:
             tag, numel, dtype = frames.parse(link.header, link.peer)
             if tag == GOODBYE_TAG:
                 self._selector.unregister(link.sock)
+                self.mailbox.finish(link.peer)
                 return
             link.expect_payload(tag, torch.empty(numel, dtype=dtype))
             if numel:

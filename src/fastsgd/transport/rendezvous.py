@@ -17,11 +17,13 @@ import torch.distributed as dist
 from fastsgd.errors import UserError
 
 
-def pick_backend(backend: str = "auto") -> str:
-    """`auto` is NCCL when every worker on this machine has a GPU of its own (NCCL refuses
-    two ranks on one GPU), else gloo."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+def pick_backend(backend: str = "auto", local: int | None = None) -> str:
+    """`auto` is NCCL when every worker on this machine (`local`, else LOCAL_WORLD_SIZE) has
+    a GPU of its own (NCCL refuses two ranks on one GPU), else gloo. The GPUs are counted
+    through NVML, which, unlike torch.cuda.is_available(), leaves CUDA usable in processes
+    forked afterwards (the launcher asks before it forks its workers)."""
+    gpus = torch.cuda.device_count()
+    local = local or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if backend == "auto":
         return "nccl" if dist.is_nccl_available() and 0 < local <= gpus else "gloo"
     if backend == "nccl" and local > gpus:

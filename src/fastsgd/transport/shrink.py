@@ -20,16 +20,15 @@ import os
 import socket
 import threading
 import time
+from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
 from fastsgd.transport.base import GroupBroken
-from fastsgd.transport.survivors import Survivors
 
 Sockets = dict[int, str]  # descriptor -> "socket:[inode]"
 DETECT_WITHIN = 10.0  # s: a collective's error with no death seen by then is not a death
-SHRINK_TAG = -500_000  # the survivors' agreement of shrink k uses tags below SHRINK_TAG - 100k
+FORM_WITHIN = 30.0  # s: the survivors form their group (milliseconds, unless one dies then)
 
 
 def _sockets() -> Sockets:
@@ -44,14 +43,19 @@ def _sockets() -> Sockets:
     return found
 
 
-def open_group(ranks: list[int] | None) -> tuple[dist.ProcessGroup, Sockets]:
+def open_group(ranks: list[int] | None, forming: float | None = None,
+               timeout: float | None = None) -> tuple[dist.ProcessGroup, Sockets]:
     """A new group of `ranks` (None: every rank, all calling), and the sockets it opened.
-    A group of some ranks is formed by them alone (the others may be dead)."""
+    A group of some ranks is formed by them alone (the others may be dead), within
+    `forming` seconds; its collectives then wait `timeout` seconds."""
     before = _sockets() if os.path.isdir("/proc/self/fd") else {}
     if ranks is None:
         group = dist.new_group()
     else:
-        group = dist.new_group(ranks, use_local_synchronization=True)
+        group = dist.new_group(ranks, timeout=timedelta(seconds=forming or 30.0),
+                               use_local_synchronization=True)
+        if timeout:
+            group.set_timeout(timedelta(seconds=timeout))
     after = _sockets() if before else {}
     return group, {fd: name for fd, name in after.items() if before.get(fd) != name}
 
@@ -74,28 +78,25 @@ def cut(sockets: Sockets) -> None:
             sock.close()  # the duplicate; gloo's own descriptor stays
 
 
-def agree_gone(transport, lost: set[int], shrinks: int) -> set[int]:
-    """Collective among the survivors, over messages: everyone's view of who is gone, joined.
-    A survivor that had not yet seen a death learns of it while it waits for the dead's view
-    (PeerLost), so every survivor ends up with the same views and the same union."""
-    view = torch.zeros(transport.world_size, dtype=torch.uint8)
-    view[sorted(lost)] = 1
-    agreement = Survivors(transport, first_tag=SHRINK_TAG - 100 * shrinks)
-    views = agreement.gather(view)  # a member lost meanwhile is left out
-    gone = set(lost)
-    for part in views.values():
-        gone.update(int(r) for r in part.nonzero().flatten())
-    return gone | (set(range(transport.world_size)) - set(views))
+def agree_members(store, shrinks: int, alive: list[int]) -> list[int]:
+    """The members after shrink number `shrinks`: the first survivor to get here proposes
+    those it knows alive, and every survivor takes what the store then holds (compare_set:
+    one proposal wins, so all agree). One that knows of a death the winner missed says so
+    (GroupBroken) and all go on to the next shrink."""
+    key = f"fastsgd/shrink/{shrinks}"
+    held = store.compare_set(key, "", ",".join(map(str, alive)))
+    return [int(r) for r in held.decode().split(",")]
 
 
 class Shrinking:
     """A transport's group while it may shrink: the members agreed on, the sockets of the
     group they formed, and how a gloo error becomes GroupBroken."""
 
-    def __init__(self, world_size: int, sockets: Sockets, mailbox):
-        self.members = list(range(world_size))
-        self.sockets = sockets
-        self.mailbox = mailbox
+    def __init__(self, rank: int, world_size: int, sockets: Sockets, mailbox, store,
+                 timeout: float):
+        self.rank, self.members = rank, list(range(world_size))
+        self.sockets, self.mailbox, self.store = sockets, mailbox, store
+        self.timeout = timeout  # run.timeout: the new group's collectives
         self.shrinks = 0
         self._lock = threading.Lock()
         mailbox.on_lost = lambda _rank: self.cut()  # the reader thread: a peer died
@@ -117,15 +118,26 @@ class Shrinking:
         return GroupBroken(sorted(lost))
 
     def lost(self) -> set[int]:
-        return set(self.mailbox.lost_now()).intersection(self.members)
+        """Members dead, or done: a peer that ended the run (its goodbye came) while this
+        one was still in it takes no part in what follows."""
+        return (set(self.mailbox.lost_now()) | self.mailbox.done()).intersection(self.members)
 
-    def shrink(self, transport) -> dist.ProcessGroup:
-        """Collective among the survivors: agree on who is gone, form their group."""
+    def shrink(self) -> dist.ProcessGroup:
+        """Collective among the survivors: agree on who is left, form their group."""
         self.cut()
         self.shrinks += 1
-        gone = agree_gone(transport, self.lost(), self.shrinks)
-        survivors = [r for r in self.members if r not in gone]
-        group, sockets = open_group(survivors)
+        lost = self.lost()
+        members = agree_members(self.store, self.shrinks,
+                                [r for r in self.members if r not in lost])
+        if self.rank not in members:
+            raise RuntimeError(f"worker {self.rank} was counted out of the run by its peers "
+                               "(their connections to it broke)")
+        if self.lost().intersection(members):
+            raise GroupBroken(sorted(self.lost()))  # a death the proposal missed
+        try:
+            group, sockets = open_group(members, FORM_WITHIN, self.timeout)
+        except RuntimeError as e:  # one of them died meanwhile: the next shrink
+            raise self.broken(e) from None
         with self._lock:
-            self.members, self.sockets = survivors, sockets
+            self.members, self.sockets = members, sockets
         return group

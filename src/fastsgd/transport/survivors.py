@@ -36,14 +36,13 @@ class _Messages(Protocol):
 class Survivors:
     """The collectives of one worker; every member calls them in the same order."""
 
-    def __init__(self, transport: _Messages, first_tag: int = FIRST_TAG):
+    def __init__(self, transport: _Messages):
         self.t = transport
-        self.first_tag = first_tag
         self.calls = 0
 
     def _tag(self) -> int:
         self.calls += 1
-        return self.first_tag - self.calls
+        return FIRST_TAG - self.calls
 
     def gather(self, tensor: torch.Tensor) -> dict[int, torch.Tensor]:
         """Every member's `tensor`, by rank."""

@@ -216,13 +216,14 @@ class TorchTransport:
         with GroupBroken (transport/shrink.py), and `shrink()` forms the survivors' group.
         For `fastsgd run`'s own workers of a synchronous strategy (run.on_failure)."""
         self.start_messages()
-        self._shrinking = Shrinking(self.world_size, self._sockets,
-                                    self._require_messages().mailbox)
+        self._shrinking = Shrinking(self.rank, self.world_size, self._sockets,
+                                    self._require_messages().mailbox, self.store(),
+                                    self._timeout)
 
     def shrink(self) -> list[int]:
         """Collective among the survivors after GroupBroken: their group from now on."""
         assert self._shrinking is not None, "shrink() needs shrinkable()"
-        self._group = self._shrinking.shrink(self)  # the broken one is left as it is
+        self._group = self._shrinking.shrink()  # the broken one is left as it is
         return self.members()
 
     def _size(self) -> int:
