@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fastsgd import checkpoint, interrupt, recovery, resume
+from fastsgd import checkpoint, interrupt, recovery, results, resume
 from fastsgd.compress import Compressor
 from fastsgd.config import to_toml
 from fastsgd.data import Dataset, Shard, test_batches
@@ -175,7 +175,7 @@ class _Loop:
         self.progress.close()
         while True:
             try:
-                return self.finish(self.wall())
+                return results.finish(self, self.wall())
             except GroupBroken as e:
                 recovery.recover(self, e)
 
@@ -332,64 +332,3 @@ class _Loop:
         sample = (x.to(self.t.device), y.to(self.t.device))
         with torch.no_grad():
             return float(self.plan.step(model, sample))
-
-    def finish(self, wall_time: float) -> dict[str, Any] | None:
-        end = self.clock()
-        if self.evaluated != self.steps:
-            self.evaluate(self.steps)
-        # each worker's own rate up to its last step (where asynchronous strategies drain,
-        # waiting for the slowest): fast workers get more done
-        steps, seconds = ((self.steps - 1, self.penultimate) if self.steps > 1
-                          and self.penultimate is not None else (self.steps, end))
-        rate = steps * self.plan.config["data"]["batch_size"] / seconds if seconds > 0 else 0.0
-        totals = torch.tensor([self.sent, self.received, rate, self.skipped], dtype=torch.float64,
-                              device=self.t.device)
-        self.t.all_reduce(totals)
-        if self.rank != self.leader:
-            return None
-        if self.log.last is None:  # worker 0 was lost after the last evaluation
-            self.log.take_over()
-        # in the simulator, all have handed in: totals waited; a leader that took over after
-        # the last evaluation has its own replica (the run ended averaged, or on its own)
-        model = self.log.model[1] or self.model
-        torch.save(model.state_dict(), self.plan.run_dir / "model.pt")
-        summary = self.summary(wall_time - self.log.wall, end, totals.tolist())
-        write_json(self.plan.run_dir / "summary.json", summary)
-        return summary
-
-    def lost_workers(self) -> list[dict[str, Any]]:
-        """Who left, at which step, when. On real processes the launcher's shared memory
-        knows how far a dead worker got; rank 0's own view (its last message from it) may
-        be older."""
-        lost = []
-        for r, (step, when) in sorted(self.t.departed().items()):
-            done = None if self.plan.simulated else interrupt.steps_done(r)
-            lost.append({"worker": r, "step": step if done is None else done,
-                         "time": round(when - self.start, 9)})
-        return lost
-
-    def summary(self, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
-        cfg = self.plan.config
-        last = self.log.last
-        assert last is not None
-        return {
-            "strategy": cfg["strategy"]["name"], "compressor": cfg["compression"]["name"],
-            "topology": cfg["strategy"].get("topology", "complete"),
-            "workers": self.world, "steps": self.steps,
-            "epochs": self.steps / self.shard.steps_per_epoch,
-            "global_batch": self.world * cfg["data"]["batch_size"],
-            "final_accuracy": last[1], "final_loss": last[2],
-            "target_accuracy": self.log.target or None, "time_to_target": self.log.time_to_target,
-            # to the ns, as eval.jsonl's times are: unrounded, an evaluation at the end
-            # could read a hair later than the run's end
-            "wall_time": wall_time, "simulated_time": round(end, 9) if self.plan.simulated
-            else None,
-            "eval_time": self.log.wall, "evaluations": self.log.count,
-            "samples_per_second": totals[2],
-            "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
-            "skipped_steps": int(totals[3]),  # worker-steps with a NaN or inf loss or gradient
-            "consensus_distance": last[3], "representative": cfg["run"]["representative"],
-            "lost_workers": self.lost_workers(),
-            "mode": "simulated" if self.plan.simulated else "real",
-            "run_dir": str(self.plan.run_dir),
-        }

@@ -16,15 +16,17 @@ number may have been taken by a new socket since).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch.distributed as dist
 
-from fastsgd.transport.base import GroupBroken
+from fastsgd.transport.base import GroupBroken, PeerLost
 
 Sockets = dict[int, str]  # descriptor -> "socket:[inode]"
 DETECT_WITHIN = 10.0  # s: a collective's error with no death seen by then is not a death
@@ -141,3 +143,14 @@ class Shrinking:
         with self._lock:
             self.members, self.sockets = members, sockets
         return group
+
+
+@contextlib.contextmanager
+def guarded(shrinking: Shrinking | None) -> Iterator[None]:
+    """A gloo error in a group that may shrink becomes GroupBroken if a member died."""
+    try:
+        yield
+    except RuntimeError as e:
+        if shrinking is None or isinstance(e, PeerLost):
+            raise
+        raise shrinking.broken(e) from None

@@ -45,7 +45,8 @@ from fastsgd.transport.rendezvous import (
     pick_backend,
     rendezvous,
 )
-from fastsgd.transport.shrink import Shrinking, open_group
+from fastsgd.transport.shared import shared_tensor
+from fastsgd.transport.shrink import Shrinking, guarded, open_group
 from fastsgd.transport.survivors import Survivors
 
 
@@ -201,15 +202,9 @@ class TorchTransport:
         with self._guard():
             dist.barrier(group=self._group)
 
-    @contextlib.contextmanager
-    def _guard(self):
+    def _guard(self) -> contextlib.AbstractContextManager:
         """A gloo error in a group that may shrink: GroupBroken if a member died."""
-        try:
-            yield
-        except RuntimeError as e:
-            if self._shrinking is None or isinstance(e, PeerLost):
-                raise
-            raise self._shrinking.broken(e) from None
+        return guarded(self._shrinking)
 
     def shrinkable(self) -> None:
         """Collective: from now on a worker's death fails every member's collective at once
@@ -232,25 +227,7 @@ class TorchTransport:
     def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """Collective: a tensor in this machine's shared memory, the same for every worker,
         starting as rank 0's `like` (for lock-free updates, Hogwild)."""
-        if self.device.type != "cpu":
-            raise UserError("shared memory is host memory, and run.backend = 'nccl' keeps the "
-                            "model on the GPU: use run.backend = 'gloo'")
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
-        if local != self.world_size:
-            raise UserError(f"shared memory needs every worker on one machine: {local} of "
-                            f"{self.world_size} are on this one")
-        job = os.environ.get("MASTER_PORT", "0")
-        path = f"/dev/shm/fastsgd-{job}-{name}"
-        if self.rank == 0:
-            shared = torch.from_file(path, shared=True, size=like.numel(), dtype=like.dtype)
-            shared.copy_(like.reshape(-1))
-        self.barrier()
-        if self.rank != 0:
-            shared = torch.from_file(path, shared=True, size=like.numel(), dtype=like.dtype)
-        self.barrier()
-        if self.rank == 0:
-            os.unlink(path)  # the mappings stay valid; nothing is left behind
-        return shared
+        return shared_tensor(self, name, like)
 
     def store(self) -> dist.Store:
         """The job's key-value store (torchrun's, or the launcher's rendezvous)."""

@@ -1,0 +1,79 @@
+"""The end of a worker's run: the last evaluation, the totals every worker adds to, and the
+leader's summary.json and model.pt."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fastsgd import interrupt
+from fastsgd.metrics import write_json
+
+if TYPE_CHECKING:
+    from fastsgd.worker import _Loop as Loop
+
+
+def finish(loop: Loop, wall_time: float) -> dict[str, Any] | None:
+    """Collective: the last evaluation if it is due, the totals; the leader's summary."""
+    end = loop.clock()
+    if loop.evaluated != loop.steps:
+        loop.evaluate(loop.steps)
+    # each worker's own rate up to its last step (where asynchronous strategies drain,
+    # waiting for the slowest): fast workers get more done
+    steps, seconds = ((loop.steps - 1, loop.penultimate) if loop.steps > 1
+                      and loop.penultimate is not None else (loop.steps, end))
+    rate = steps * loop.plan.config["data"]["batch_size"] / seconds if seconds > 0 else 0.0
+    totals = torch.tensor([loop.sent, loop.received, rate, loop.skipped], dtype=torch.float64,
+                          device=loop.t.device)
+    loop.t.all_reduce(totals)
+    if loop.rank != loop.leader:
+        return None
+    if loop.log.last is None:  # worker 0 was lost after the last evaluation
+        loop.log.take_over()
+    # in the simulator, all have handed in: totals waited; a leader that took over after
+    # the last evaluation has its own replica (the run ended averaged, or on its own)
+    model = loop.log.model[1] or loop.model
+    torch.save(model.state_dict(), loop.plan.run_dir / "model.pt")
+    written = summary(loop, wall_time - loop.log.wall, end, totals.tolist())
+    write_json(loop.plan.run_dir / "summary.json", written)
+    return written
+
+
+def lost_workers(loop: Loop) -> list[dict[str, Any]]:
+    """Who left, at which step, when. On real processes the launcher's shared memory
+    knows how far a dead worker got; rank 0's own view (its last message from it) may
+    be older."""
+    lost = []
+    for r, (step, when) in sorted(loop.t.departed().items()):
+        done = None if loop.plan.simulated else interrupt.steps_done(r)
+        lost.append({"worker": r, "step": step if done is None else done,
+                     "time": round(when - loop.start, 9)})
+    return lost
+
+
+def summary(loop: Loop, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
+    cfg = loop.plan.config
+    last = loop.log.last
+    assert last is not None
+    return {
+        "strategy": cfg["strategy"]["name"], "compressor": cfg["compression"]["name"],
+        "topology": cfg["strategy"].get("topology", "complete"),
+        "workers": loop.world, "steps": loop.steps,
+        "epochs": loop.steps / loop.shard.steps_per_epoch,
+        "global_batch": loop.world * cfg["data"]["batch_size"],
+        "final_accuracy": last[1], "final_loss": last[2],
+        "target_accuracy": loop.log.target or None, "time_to_target": loop.log.time_to_target,
+        # to the ns, as eval.jsonl's times are: unrounded, an evaluation at the end
+        # could read a hair later than the run's end
+        "wall_time": wall_time, "simulated_time": round(end, 9) if loop.plan.simulated
+        else None,
+        "eval_time": loop.log.wall, "evaluations": loop.log.count,
+        "samples_per_second": totals[2],
+        "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
+        "skipped_steps": int(totals[3]),  # worker-steps with a NaN or inf loss or gradient
+        "consensus_distance": last[3], "representative": cfg["run"]["representative"],
+        "lost_workers": lost_workers(loop),
+        "mode": "simulated" if loop.plan.simulated else "real",
+        "run_dir": str(loop.plan.run_dir),
+    }
