@@ -1,5 +1,5 @@
 """Workers that crash in the simulator ([faults]): the survivors carry on (gossip, push-sum,
-a parameter server) or shrink (allreduce), deterministically, and the summary lists the
+a parameter server) or shrink (allreduce, localsgd, easgd, bmuf), deterministically, and the summary lists the
 lost workers (docs/simulator.md, "Faults")."""
 
 import json
@@ -20,6 +20,9 @@ CASES = {  # name: strategy options
     "adpsgd": {"strategy.name": "adpsgd"},
     "ps": {"strategy.name": "ps"},
     "ltfb": {"strategy.name": "ltfb", "strategy.period": 10},
+    "localsgd": {"strategy.name": "localsgd"},
+    "easgd": {"strategy.name": "easgd"},
+    "bmuf": {"strategy.name": "bmuf"},
 }
 CRASHES = [{"worker": 3, "step": 40}, {"worker": 6, "at": "200ms"}]
 
@@ -111,7 +114,7 @@ def test_bad_faults_are_one_line(crash, message, digits, tmp_path):
 
 @pytest.mark.parametrize("options, message", [
     ({"strategy.name": "ssp"}, "strategy.name = 'ssp' does not carry on"),
-    ({"strategy.name": "localsgd"}, "strategy.name = 'localsgd' does not carry on"),
+    ({"strategy.name": "diloco"}, "strategy.name = 'diloco' does not carry on"),
     ({"strategy.name": "allreduce", "compression.name": "topk"},
      "with compression.name = 'topk' does not carry on"),
     ({"strategy.name": "ps", "strategy.servers": 4}, "worker 3 holds a parameter server shard"),

@@ -60,6 +60,8 @@ class _Periodic(Configurable, section="strategy"):
 
 class LocalSGD(_Periodic):
     name = "localsgd"
+    CARRIES_ON = ("exact",)  # shrinks: the survivors' average (params.average counts them)
+    SHRINKS_REAL = True
     DRAINS_AT_END = True  # averages after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
                "warmup": Option(int, 0, at_least(0), "synchronous steps before local SGD")}
@@ -88,6 +90,8 @@ class LocalSGD(_Periodic):
 
 class EASGD(_Periodic):
     name = "easgd"
+    CARRIES_ON = ("exact",)  # shrinks: the centre moves by the survivors' distances
+    SHRINKS_REAL = True
     DRAINS_AT_END = True  # a round after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
                "alpha": Option(float, 0.1, _open_interval, "elastic force, in (0, 1)")}
@@ -104,18 +108,23 @@ class EASGD(_Periodic):
             return
         center = state["center"]
         local = flatten(params)
-        diff = local - center
-        assign(params, local - self.alpha * diff)
-        if "average_codec" in state:
-            diff = ctx.transport.world_size * mean_change(params, center, ctx,
-                                                          state["average_codec"])
+        own = local - center
+        if "average_codec" in state:  # the change of the moved parameters, as before
+            assign(params, local - self.alpha * own)
+            total = ctx.transport.world_size * mean_change(params, center, ctx,
+                                                           state["average_codec"])
         else:
-            ctx.transport.all_reduce(diff)
-        center += self.alpha * diff
+            total = own.clone()
+            ctx.transport.all_reduce(total)
+            # only now: an exchange that failed (a worker died) is redone unchanged
+            assign(params, local - self.alpha * own)
+        center += self.alpha * total
 
 
 class BMUF(_Periodic):
     name = "bmuf"
+    CARRIES_ON = ("exact",)  # shrinks: the block update is the survivors' mean
+    SHRINKS_REAL = True
     DRAINS_AT_END = True  # a block update after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
                "block_momentum": Option(float, 0.5, between(0, 0.999)),
