@@ -122,7 +122,7 @@ def steps(run_dir: Path) -> list[int]:
 def intact(run_dir: Path, step: int, rank: int, workers: int) -> bytes | None:
     """Worker `rank`'s file of `step`, if the manifest vouches for it; else None, with a
     line on stderr saying what is wrong. A worker lost before a checkpoint of a run that
-    shrank (allreduce: its replicas are alike) starts again from the lowest survivor's."""
+    shrank starts again from the lowest survivor's (allreduce's replicas are alike)."""
     folder = step_dir(run_dir, step)
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
