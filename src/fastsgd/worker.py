@@ -116,6 +116,7 @@ class _Loop:
         self.rank, self.world = self.t.rank, self.t.world_size
         self.shard = plan.shard(self.rank, self.world)
         self.members = list(range(self.world))  # those the shard is split among (reshard)
+        self.weight = 1.0  # of this worker's loss: its share of the global batch (reshard)
         self.steps = plan.total_steps(self.world)
         run = plan.config["run"]
         self.eval_every = run["eval_every"]
@@ -213,7 +214,7 @@ class _Loop:
         t3 = now()
         value = float(loss.detach())
         if math.isfinite(value):
-            loss.backward()
+            (loss * self.weight if self.weight != 1 else loss).backward()
         t.compute("backward", k)
         self.check_finite(k, value)
         self.straggle(k, now() - t2)
@@ -256,6 +257,10 @@ class _Loop:
             self.members = members
             self.shard = self.plan.shard(self.rank, self.world).among(members.index(self.rank),
                                                                        len(members))
+            # parts may differ by a sample: each gradient weighs as many samples as it has,
+            # so that the survivors' mean is the global batch's mean gradient
+            start, end = self.shard.part
+            self.weight = (end - start) * len(members) / (self.shard.batch_size * self.world)
 
     def check_finite(self, k: int, loss: float) -> None:
         """A NaN or inf loss or gradient: this worker's batch is skipped (its gradients are

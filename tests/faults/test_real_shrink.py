@@ -60,6 +60,18 @@ def test_whoever_dies_the_survivors_train_the_model_of_the_run_without_a_death(t
 
 
 @pytest.mark.multiproc
+def test_uneven_parts_weigh_as_many_samples_as_they_hold(tmp_path):
+    """4 workers of batch 32 lose one: the global batch of 128 is split 43, 43 and 42, and
+    each gradient weighs its samples, so the mean is still the global batch's."""
+    sets = {"run.workers": 4}
+    assert _run(tmp_path / "straight", steps=60, **sets).returncode == 0
+    out = tmp_path / "shrunk"
+    _survived(out, _run(out, steps=60, kill="3:30", **sets), 3, steps=60)
+    a, b = (torch.load(d / "model.pt", weights_only=True) for d in (tmp_path / "straight", out))
+    assert all((a[k] - b[k]).abs().max() < 1e-6 for k in a)
+
+
+@pytest.mark.multiproc
 @pytest.mark.parametrize("kill", ["0:10:gradients", "1:10:parameters", "1:19:parameters"])
 def test_a_death_mid_collective_leaves_no_survivor_behind(kill, tmp_path):
     """ResNet-20 (BatchNorm buffers are all-reduced after the optimizer step): killed while

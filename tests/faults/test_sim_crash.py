@@ -1,6 +1,6 @@
 """Workers that crash in the simulator ([faults]): the survivors carry on (gossip, push-sum,
-a parameter server) or shrink (allreduce, localsgd, easgd, bmuf), deterministically, and the summary lists the
-lost workers (docs/simulator.md, "Faults")."""
+a parameter server) or shrink (allreduce, localsgd, easgd, bmuf), deterministically, and the
+summary lists the lost workers (docs/simulator.md, "Faults")."""
 
 import json
 
