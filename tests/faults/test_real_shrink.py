@@ -85,13 +85,16 @@ def test_a_death_mid_collective_leaves_no_survivor_behind(kill, tmp_path):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("strategy", ["localsgd", "easgd", "bmuf"])
+@pytest.mark.parametrize("strategy", ["localsgd", "easgd", "bmuf", "diloco"])
 def test_model_averaging_shrinks_too(strategy, tmp_path):
     """Worker 0 killed in step 29: nothing is exchanged until the round that ends with step
     32, whose average fails; the survivors redo it among themselves (their parameters were
-    left as they were) and go on. localsgd and bmuf end averaged, easgd near its centre."""
-    done = _run(tmp_path, steps=60, kill="0:29:parameters",
-                **{"strategy.name": strategy, "run.eval_every": 20})
+    left as they were) and go on. localsgd, bmuf and diloco end averaged, easgd near its
+    centre."""
+    sets = {"strategy.name": strategy, "run.eval_every": 20}
+    if strategy == "diloco":
+        sets["strategy.period"] = 8
+    done = _run(tmp_path, steps=60, kill="0:29:parameters", **sets)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [lost["worker"] for lost in summary["lost_workers"]] == [0]

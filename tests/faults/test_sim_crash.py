@@ -1,5 +1,5 @@
 """Workers that crash in the simulator ([faults]): the survivors carry on (gossip, push-sum,
-a parameter server) or shrink (allreduce, localsgd, easgd, bmuf), deterministically, and the
+a parameter server) or shrink (allreduce, localsgd, easgd, bmuf, diloco), deterministically, and the
 summary lists the lost workers (docs/simulator.md, "Faults")."""
 
 import json
@@ -23,6 +23,7 @@ CASES = {  # name: strategy options
     "localsgd": {"strategy.name": "localsgd"},
     "easgd": {"strategy.name": "easgd"},
     "bmuf": {"strategy.name": "bmuf"},
+    "diloco": {"strategy.name": "diloco", "strategy.period": 10},
 }
 CRASHES = [{"worker": 3, "step": 40}, {"worker": 6, "at": "200ms"}]
 
@@ -114,7 +115,8 @@ def test_bad_faults_are_one_line(crash, message, digits, tmp_path):
 
 @pytest.mark.parametrize("options, message", [
     ({"strategy.name": "ssp"}, "strategy.name = 'ssp' does not carry on"),
-    ({"strategy.name": "diloco"}, "strategy.name = 'diloco' does not carry on"),
+    ({"strategy.name": "diloco", "strategy.overlap": 2},
+     "strategy.name = 'diloco' does not carry on"),
     ({"strategy.name": "allreduce", "compression.name": "topk"},
      "with compression.name = 'topk' does not carry on"),
     ({"strategy.name": "ps", "strategy.servers": 4}, "worker 3 holds a parameter server shard"),

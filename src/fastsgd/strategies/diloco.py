@@ -101,6 +101,15 @@ class DiLoCo(Configurable, section="strategy"):
                             "topk, qsgd, fp16, ...")
 
     @property
+    def CARRIES_ON(self) -> tuple[str, ...]:  # noqa: N802 - the strategies' flag
+        """Shrinks (exact codecs): the outer step takes the survivors' mean. Not with a sync
+        in flight across steps (overlap), nor with fragments, whose round can fail halfway
+        (one fragment's outer step taken, the next one's not)."""
+        return ("exact",) if self.overlap == 0 and self.fragments == 1 else ()
+
+    SHRINKS_REAL = True  # where CARRIES_ON allows: also on real processes (recovery.py)
+
+    @property
     def CHECKPOINTS(self) -> bool:  # noqa: N802 - the strategies' flag
         """A sync in flight (overlap) holds a handle, which no checkpoint can keep."""
         return self.overlap == 0
@@ -164,7 +173,7 @@ class DiLoCo(Configurable, section="strategy"):
         started, _, mean, handle = self._in_flight.pop(f)
         handle.wait()
         if "codec" not in state:
-            mean = mean / ctx.transport.world_size
+            mean = mean / len(ctx.transport.members())  # the survivors, once one is lost
         a, b = self._slices[f]
         momentum, global_ = state["momentum"][a:b], state["global"][a:b]
         workers_mean = global_ - mean
