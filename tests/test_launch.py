@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from fastsgd import interrupt
 from fastsgd.errors import UserError, WorkerFailed
 from fastsgd.launch import launch
 
@@ -28,6 +29,9 @@ def test_workers_whose_error_reports_are_huge_still_report_and_end():
 
 
 def _die_then_fail():
+    interrupt.set_ready(int(os.environ["RANK"]))  # connected: the other can go on without it
+    while not all(interrupt._SHARED.ready):
+        time.sleep(0.01)
     if os.environ["RANK"] == "1":
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5)  # the launcher has seen the death by now
@@ -40,6 +44,22 @@ def test_survivors_that_cannot_go_on_make_the_loss_a_fault_to_restart_from():
                                            "without it") as failed:
         launch(_die_then_fail, 2, expendable=0)
     assert failed.value.died  # so run.on_failure restarts the run, as for any death
+
+
+def _die_at_once():
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # as if waiting for it in the rendezvous
+
+
+@pytest.mark.multiproc
+def test_a_death_before_every_worker_is_connected_stops_them_all_at_once():
+    """Its peers may be waiting for it in the rendezvous: they are stopped, not left to wait
+    for run.timeout, and the death is a fault (restarted by run.on_failure)."""
+    began = time.monotonic()
+    with pytest.raises(WorkerFailed, match=r"^worker 1 was killed by signal 9 \(SIGKILL\)$"):
+        launch(_die_at_once, 2, expendable=0)
+    assert time.monotonic() - began < 30
 
 
 def test_a_busy_rendezvous_port_is_one_line(monkeypatch):

@@ -43,6 +43,8 @@ class Stop:
     def __init__(self, ctx: Any, workers: int):
         self.progress = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
         self.stop_at = ctx.Value("q", 0, lock=False) if ctx else _Value()
+        # 1 once a worker is connected to all its peers, so that they can go on without it
+        self.ready = ctx.Array("b", workers, lock=False) if ctx else [1] * workers
 
     def request(self) -> int:
         """Set the step every worker stops after; returns it."""
@@ -168,6 +170,13 @@ def _again(stop: Stop) -> None:
     if stop.stop_at.value:
         raise KeyboardInterrupt
     stop.request()
+
+
+def set_ready(rank: int) -> None:
+    """In a worker of `fastsgd run`: it is connected to all its peers, and they would learn
+    of its death (before, they may be waiting for it in the rendezvous)."""
+    if isinstance(_SHARED, Stop):
+        _SHARED.ready[rank] = 1
 
 
 def steps_done(rank: int) -> int | None:

@@ -323,6 +323,7 @@ def _train_process(plan: Plan) -> None:
             transport.carry_on()
         elif mode == "shrink":
             transport.shrinkable()
+        interrupt.set_ready(transport.rank)
         train(plan, transport)
     finally:
         transport.close()

@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing import connection
 
@@ -63,7 +63,7 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
             for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
                 p.start()
             store = _store(port, workers)  # noqa: F841 - held until the workers have ended
-            _wait(procs, errors, expendable, survivors_stop)
+            _wait(procs, errors, expendable, survivors_stop, stop.ready)
         except KeyboardInterrupt:
             _stop(procs, stop)
         finally:
@@ -97,8 +97,11 @@ def _end(procs: list[mp.process.BaseProcess]) -> None:
 
 
 def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
-          expendable: int | None, survivors_stop: bool = False) -> None:
-    """Until all have ended; a failure is seen the moment its process ends."""
+          expendable: int | None, survivors_stop: bool = False,
+          ready: Sequence[int] = ()) -> None:
+    """Until all have ended; a failure is seen the moment its process ends. A death before
+    every worker was `ready` (connected to all its peers) stops them all: its peers may be
+    waiting for it in the rendezvous, where they would learn of it only at run.timeout."""
     running, lost = list(procs), set()
     while running:
         for sentinel in connection.wait([p.sentinel for p in running]):
@@ -106,7 +109,8 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
             p.join()
             running.remove(p)
             rank = procs.index(p)
-            if p.exitcode < 0 and expendable is not None and rank >= expendable:
+            if (p.exitcode < 0 and expendable is not None and rank >= expendable
+                    and all(ready)):
                 lost.add(rank)
                 if not survivors_stop and len(lost) < len(procs):
                     print(f"fastsgd: {_failure(rank, p.exitcode, errors)}; the others carry "
