@@ -5,11 +5,12 @@ must end with its survivors alike and the model of the run without a death.
                                       [--steps 300] [--kills 2] [--seed 0] [--json FILE]
 
 Each run is `fastsgd run` (the digits MLP, `run.on_failure = "shrink"`, the default); this
-script kill -9s `--kills` random worker processes, each at a random moment of the run's wall
-time of training (so between steps, mid-collective, mid-evaluation or during a recovery,
-wherever it falls; a death during the setup restarts the run instead, not what this checks). A run passes if it exits 0 with one line per death, the summary lists the dead, the
-replicas end alike (consensus distance 0) and, for allreduce, the model is the undisturbed
-run's to 1e-5 (large-batch SGD does not depend on how many split the batch).
+script kill -9s `--kills` random worker processes, each at a random moment of the run's
+training (so between steps, mid-collective, mid-evaluation or during a recovery, wherever
+it falls; a death during the setup restarts the run instead, which is not what this
+checks). A run passes if it exits 0 with one line per death, the summary lists the dead,
+the replicas end alike (consensus distance 0) and, for allreduce, the model is the
+undisturbed run's to 1e-5 (large-batch SGD does not depend on how many split the batch).
 """
 
 from __future__ import annotations
