@@ -35,3 +35,14 @@ def test_averaging_moves_parameters_once_per_period(synthetic, tmp_path):
     result = sim_job(synthetic, tmp_path, {"name": "localsgd", "period": 5}, steps=20).simulate(2)
     sending = sorted({m["step"] for m in result.metrics() if m["bytes_sent"] > 0})
     assert sending == [5, 10, 15, 20]
+
+
+def test_easgd_with_a_near_exact_codec_moves_like_easgd_without_one(synthetic, tmp_path):
+    """fp16 carries the distances to the centre almost exactly: the centre moves by alpha
+    times their sum, computed before the workers move (Zhang et al. 2015), as without a
+    codec (from the moved workers, it moved 1 - alpha as far: 2e-2 apart after 60 steps)."""
+    strategy = {"name": "easgd", "period": 2, "alpha": 0.3}
+    exact = sim_job(synthetic, tmp_path / "a", strategy, steps=60).simulate(4)
+    fp16 = sim_job(synthetic, tmp_path / "b", strategy, steps=60,
+                   **{"compression.name": "fp16"}).simulate(4)
+    assert max_abs_diff(params(exact), params(fp16)) < 5e-3

@@ -109,15 +109,15 @@ class EASGD(_Periodic):
         center = state["center"]
         local = flatten(params)
         own = local - center
-        if "average_codec" in state:  # the change of the moved parameters, as before
-            assign(params, local - self.alpha * own)
+        if "average_codec" in state:
             total = ctx.transport.world_size * mean_change(params, center, ctx,
                                                            state["average_codec"])
         else:
             total = own.clone()
             ctx.transport.all_reduce(total)
-            # only now: an exchange that failed (a worker died) is redone unchanged
-            assign(params, local - self.alpha * own)
+        # both moves from the distances before either (Zhang et al. 2015, eq. 5-6); and only
+        # now: an exchange that failed (a worker died) is redone unchanged
+        assign(params, local - self.alpha * own)
         center += self.alpha * total
 
 
