@@ -97,3 +97,15 @@ def test_a_replica_of_another_architecture_is_named():
 
     with pytest.raises(UserError, match="worker 2's model is not worker 0's"):
         simulate(3, worker)
+
+
+def test_restored_state_goes_back_where_the_replica_keeps_it():
+    # a checkpoint loads on the CPU; a GPU worker's state lives on its GPU ("meta" stands in)
+    from fastsgd.replica import _placed_like
+
+    fresh = {"anchor": torch.zeros(3, device="meta"), "edges": [torch.zeros(2, device="meta")]}
+    saved = {"anchor": torch.ones(3), "edges": [torch.ones(2)], "late": torch.ones(1), "k": 4}
+    placed = _placed_like(saved, fresh, torch.device("meta"))
+    assert placed["anchor"].is_meta and placed["edges"][0].is_meta and placed["late"].is_meta
+    assert placed["k"] == 4
+    assert _placed_like(saved, fresh, torch.device("cpu"))["late"].device.type == "cpu"

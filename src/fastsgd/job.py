@@ -31,7 +31,7 @@ from fastsgd.objects import is_import_path, resolve
 from fastsgd.observe import EvalLog, Observer
 from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out
-from fastsgd.strategies import Strategy, build_strategy
+from fastsgd.strategies import STRATEGIES, Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
 from fastsgd.strategies.membership import (
     carries_on_for_real,
@@ -167,7 +167,7 @@ class Job:
     def _run_here(self) -> Result:
         """One worker of a torchrun job; Ctrl-C as interrupt.py's StoreStop says."""
         run = self.config["run"]
-        transport = TorchTransport(run["backend"], run["timeout"])
+        transport = TorchTransport(_backend(self.config), run["timeout"])
         stop = interrupt.StoreStop(transport.store(), transport.rank, transport.world_size)
         interrupt.share(stop)
         try:
@@ -290,6 +290,14 @@ def _check_compute(section: dict, workers: int, seed: int) -> None:
         compute_model(section, seed)
 
 
+def _backend(config: dict[str, Any]) -> str:
+    """run.backend, where `auto` keeps a strategy that shares host memory (Hogwild) on gloo
+    even where every worker has a GPU."""
+    name, backend = config["strategy"]["name"], config["run"]["backend"]
+    shares = name in STRATEGIES and getattr(STRATEGIES.get(name), "HOST_MEMORY", False)
+    return "gloo" if backend == "auto" and shares else backend
+
+
 def _survives(plan: Plan) -> str | None:
     """How `fastsgd run`'s own workers go on without a dead one: "carry_on" (the strategy
     waits for no collective while training), "shrink" (run.on_failure, a synchronous
@@ -299,7 +307,7 @@ def _survives(plan: Plan) -> str | None:
     their survivors is not built yet."""
     run = plan.config["run"]
     if (run["on_failure"] != "restart" and shrinks_for_real(plan.strategy, plan.compressor)
-            and pick_backend(run["backend"], local=run["workers"]) == "gloo"):
+            and pick_backend(_backend(plan.config), local=run["workers"]) == "gloo"):
         return "shrink"  # then, with "stop", the survivors write a checkpoint and stop
     if run["checkpoint_every"] or run["on_failure"] == "stop":
         return None
@@ -316,7 +324,7 @@ def _expendable(plan: Plan) -> int | None:
 
 def _train_process(plan: Plan) -> None:
     run = plan.config["run"]
-    transport = TorchTransport(run["backend"], run["timeout"])
+    transport = TorchTransport(_backend(plan.config), run["timeout"])
     try:
         mode = _survives(plan)
         if mode == "carry_on":

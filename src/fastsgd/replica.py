@@ -121,11 +121,15 @@ class Replica:
         return saved
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """`saved` as a checkpoint holds it, on the CPU: each tensor goes back to the device
+        where this replica keeps its counterpart (the worker's GPU under NCCL)."""
         self.ctx.step = int(saved["step"])
+        device = self.transport.device
+        strategy = _placed_like(saved["strategy"], self.state, device)
         self.state.clear()  # in place: a strategy's handlers may hold the dict
-        self.state.update(saved["strategy"])
+        self.state.update(strategy)
         if "in_flight" in saved:
-            self.strategy.load_in_flight(saved["in_flight"])
+            self.strategy.load_in_flight(_placed_like(saved["in_flight"], None, device))
 
     def consensus_distance(self) -> float:
         """Mean over workers of the squared distance of their parameters to the average."""
@@ -164,3 +168,19 @@ def check_same_model(model: torch.nn.Module, transport: Transport) -> None:
         raise UserError(f"worker {differ[0]}'s model is not worker 0's (parameter names, "
                         "shapes or dtypes differ): every replica must have the same "
                         "architecture")
+
+
+def _placed_like(saved: Any, fresh: Any, device: torch.device) -> Any:
+    """`saved` with each tensor on the device of the tensor at the same place in `fresh`
+    (a freshly initialized state), or on `device` where `fresh` has none."""
+    if isinstance(saved, torch.Tensor):
+        return saved.to(fresh.device if isinstance(fresh, torch.Tensor) else device)
+    if isinstance(saved, dict):
+        fresh = fresh if isinstance(fresh, dict) else {}
+        return {k: _placed_like(v, fresh.get(k), device) for k, v in saved.items()}
+    if isinstance(saved, (list, tuple)):
+        fresh = fresh if isinstance(fresh, (list, tuple)) and len(fresh) == len(saved) else ()
+        placed = [_placed_like(v, fresh[i] if fresh else None, device)
+                  for i, v in enumerate(saved)]
+        return type(saved)(placed) if isinstance(saved, list) else tuple(placed)
+    return saved

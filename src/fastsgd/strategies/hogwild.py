@@ -22,6 +22,7 @@ Params = list[torch.nn.Parameter]
 class Hogwild(Configurable, section="strategy"):
     name = "hogwild"
     CODEC_KINDS = ("exact",)
+    HOST_MEMORY = True  # run.backend = "auto" picks gloo: the parameters live in /dev/shm
     OPTIONS = {"adapt_optimizer": ADAPT_OPTION}
 
     def __init__(self, adapt_optimizer: bool = True):
