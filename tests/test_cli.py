@@ -87,6 +87,8 @@ def test_simulate_prints_a_report(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "test accuracy" in proc.stdout and "simulated" in proc.stdout
     assert str(tmp_path / "r") in proc.stdout and proc.stderr == ""
+    page = tmp_path / "r" / "report" / "report.html"  # the run's own small report
+    assert f"report         {page}" in proc.stdout and page.stat().st_size > 10_000
 
 
 def test_topology_command_prints_and_draws(tmp_path):

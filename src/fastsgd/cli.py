@@ -13,6 +13,7 @@ USAGE_EXAMPLES = """examples:
   fastsgd simulate my.toml --set run.workers=64 --set network.bandwidth=100Mbit
   fastsgd run runs/allreduce-20261126-101500/config.toml     repeat a run (in a new folder)
   fastsgd run --resume runs/allreduce-20261126-101500        continue it from its checkpoint
+  fastsgd report runs/a runs/b --out cmp                     tables, plots, one HTML page
   fastsgd keys                                               every config key
 """
 KEYS_HINT = "every section and key, with defaults: fastsgd keys"
@@ -43,7 +44,30 @@ def _parser() -> argparse.ArgumentParser:
     text = "list every config section and key: type, default, meaning"
     sub.add_parser("keys", help=text, description=text)
     _topology_parser(sub)
+    _report_parser(sub)
     return parser
+
+
+def _report_parser(sub: argparse._SubParsersAction) -> None:
+    text = ("compare runs: a CSV, a Markdown table, PNG plots and one HTML page holding them "
+            "(report.html)")
+    p = sub.add_parser("report", help=text, description=text)
+    p.add_argument("paths", nargs="+", metavar="RUN_DIR",
+                   help="run directories, or folders holding them (a bench directory)")
+    p.add_argument("--out", default=None,
+                   help="where to write (default: PATH/report for one path, else ./report)")
+
+
+def _report(args: argparse.Namespace) -> int:
+    from fastsgd.report import find_runs, write_report
+    from fastsgd.report.table import rows, to_markdown
+
+    runs = find_runs(args.paths)
+    out = args.out or (f"{args.paths[0]}/report" if len(args.paths) == 1 else "report")
+    written = write_report(runs, out)
+    print(to_markdown(rows(runs)), end="")
+    print(f"report: {', '.join(p.name for p in written)} in {out}")
+    return 0
 
 
 def _topology_parser(sub: argparse._SubParsersAction) -> None:
@@ -101,10 +125,12 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from fastsgd import config as cfg
     from fastsgd.job import Job
-    from fastsgd.report import text_report
+    from fastsgd.report import text_report, write_run_report
 
     if args.command == "topology":
         return _show_topology(args)
+    if args.command == "report":
+        return _report(args)
     if args.command == "keys":
         from fastsgd.compress import CODECS
         from fastsgd.strategies import STRATEGIES
@@ -123,6 +149,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     result = job.simulate() if args.command == "simulate" else job.run()
     if result.summary is not None:
         print(text_report(result.run_dir))
+        print(f"report         {write_run_report(result.run_dir)}")
     return 0
 
 

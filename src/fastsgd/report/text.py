@@ -1,4 +1,4 @@
-"""Plain-text reports of run directories (read from the run-directory contract only)."""
+"""The text report a run prints at its end (read from the run-directory contract only)."""
 
 from __future__ import annotations
 

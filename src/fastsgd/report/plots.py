@@ -1,0 +1,120 @@
+"""The report's plots as PNG bytes: accuracy against time and against bytes, the stacked
+per-iteration breakdown, scaling efficiency against workers, consensus against time.
+Each returns None when its runs have nothing to show (one run has no scaling curve).
+matplotlib's object API with the Agg canvas: no pyplot state, no display needed."""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from fastsgd.metrics import PHASES
+from fastsgd.report.runs import RunData
+
+WIDTH, HEIGHT, DPI = 7.0, 4.0, 100
+
+
+def _figure(draw: Callable[[Any], None]) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(WIDTH, HEIGHT), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.grid(alpha=0.3)
+    draw(ax)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _lines(runs: list[RunData], series: Callable[[RunData], list[tuple[float, float]]],
+           xlabel: str, ylabel: str, logx: bool = False) -> bytes | None:
+    curves = [(r.name, series(r)) for r in runs]
+    curves = [(name, points) for name, points in curves if points]
+    if not curves:
+        return None
+
+    def draw(ax: Any) -> None:
+        for name, points in curves:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o" if len(points) < 20 else None, label=name)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if logx:
+            ax.set_xscale("symlog")
+        ax.legend(fontsize="small")
+    return _figure(draw)
+
+
+def accuracy_vs_time(runs: list[RunData]) -> bytes | None:
+    clocks = {r.clock for r in runs}
+    return _lines(runs, lambda r: [(e["time"], e["accuracy"]) for e in r.evals],
+                  f"training time (s, {' or '.join(sorted(clocks))})", "test accuracy")
+
+
+def accuracy_vs_bytes(runs: list[RunData]) -> bytes | None:
+    return _lines(runs, lambda r: [(b / 1e6, a) for b, a in r.accuracy_by_bytes()],
+                  "MB sent by all workers", "test accuracy", logx=True)
+
+
+def consensus_vs_time(runs: list[RunData]) -> bytes | None:
+    series = [r for r in runs if any(e.get("consensus_distance") for e in r.evals)]
+    return _lines(series, lambda r: [(e["time"], e["consensus_distance"]) for e in r.evals
+                                     if e.get("consensus_distance") is not None],
+                  "training time (s)", "consensus distance") if series else None
+
+
+def breakdown(table: list[dict[str, Any]]) -> bytes | None:
+    """Stacked bars: the median time per step of each phase, one bar per run."""
+    if not table:
+        return None
+
+    def draw(ax: Any) -> None:
+        left = [0.0] * len(table)
+        labels = [f"{r['strategy']}/{r['codec']} x{r['workers']}\n{r['run']}" for r in table]
+        for phase in PHASES:
+            widths = [r[f"{phase}_ms"] for r in table]
+            ax.barh(labels, widths, left=left, label=phase)
+            left = [a + b for a, b in zip(left, widths)]
+        ax.set_xlabel("ms per step (median over workers and steps)")
+        ax.invert_yaxis()
+        ax.legend(fontsize="small", ncols=len(PHASES), loc="upper center",
+                  bbox_to_anchor=(0.5, -0.18))
+    return _figure(draw)
+
+
+def scaling(table: list[dict[str, Any]]) -> bytes | None:
+    """Scaling efficiency against workers, one line per strategy and codec."""
+    curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in table:
+        if r["scaling_efficiency"] is not None:
+            curves[f"{r['strategy']}/{r['codec']}"].append((r["workers"],
+                                                           r["scaling_efficiency"]))
+    curves = {k: sorted(v) for k, v in curves.items() if len(v) > 1}
+    if not curves:
+        return None
+
+    def draw(ax: Any) -> None:
+        for name, points in curves.items():
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers")
+        ax.set_ylabel("scaling efficiency (vs 1 worker)")
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.legend(fontsize="small")
+    return _figure(draw)
+
+
+PLOTS = (  # file name, title, what draws it (from the runs or the table)
+    ("accuracy_time.png", "Accuracy against time", lambda runs, table: accuracy_vs_time(runs)),
+    ("accuracy_bytes.png", "Accuracy against bytes sent",
+     lambda runs, table: accuracy_vs_bytes(runs)),
+    ("breakdown.png", "Per-iteration breakdown", lambda runs, table: breakdown(table)),
+    ("scaling.png", "Scaling efficiency", lambda runs, table: scaling(table)),
+    ("consensus.png", "Consensus distance against time",
+     lambda runs, table: consensus_vs_time(runs)),
+)

@@ -1,0 +1,100 @@
+"""Run directories as a report reads them: summary, resolved configuration, per-step metrics
+and evaluations, and the series the plots draw (accuracy, bytes and consensus over time)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastsgd.config import read_toml
+from fastsgd.errors import UserError
+from fastsgd.metrics import read_jsonl
+
+NEEDED = ("summary.json", "metrics.jsonl", "eval.jsonl")
+DEPTH = 3  # how far below a bench directory run directories are looked for
+
+
+@dataclass
+class RunData:
+    path: Path
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    environment: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        s = self.summary
+        return f"{s['strategy']}/{s['compressor']} x{s['workers']} ({self.path.name})"
+
+    @property
+    def clock(self) -> str:
+        """What the time columns count: "simulated" or "wall" seconds."""
+        return "simulated" if self.summary["simulated_time"] is not None else "wall"
+
+    def training_time(self) -> float:
+        s = self.summary
+        return s["simulated_time"] if s["simulated_time"] is not None else s["wall_time"]
+
+    def bytes_until(self) -> list[tuple[int, float]]:
+        """(step, bytes sent by all workers up to it), from the logged steps; with
+        run.log_every = k each logged step stands for k."""
+        every = self.config.get("run", {}).get("log_every", 1)
+        per_step: dict[int, float] = {}
+        for m in self.metrics:
+            per_step[m["step"]] = per_step.get(m["step"], 0.0) + m["bytes_sent"] * every
+        total, out = 0.0, []
+        for step in sorted(per_step):
+            total += per_step[step]
+            out.append((step, total))
+        return out
+
+    def accuracy_by_bytes(self) -> list[tuple[float, float]]:
+        sent = self.bytes_until()
+        points = []
+        for e in self.evals:
+            before = [b for s, b in sent if s <= e["step"]]
+            points.append((before[-1] if before else 0.0, e["accuracy"]))
+        return points
+
+
+def load_run(path: str | Path) -> RunData:
+    """One finished run directory, or one line naming what it lacks."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path}: no such run directory")
+    missing = [name for name in NEEDED if not (path / name).is_file()]
+    if missing:
+        raise UserError(f"{path}: not a finished run directory (no {', '.join(missing)})")
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+        metrics, evals = read_jsonl(path / "metrics.jsonl"), read_jsonl(path / "eval.jsonl")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: a damaged file ({e})") from None
+    if not metrics:
+        raise UserError(f"{path}: metrics.jsonl holds no steps")
+    config = read_toml(path / "config.toml") if (path / "config.toml").is_file() else {}
+    env = path / "environment.json"
+    environment = json.loads(env.read_text()) if env.is_file() else {}
+    return RunData(path, summary, config, metrics, evals, environment)
+
+
+def find_runs(paths: list[str | Path]) -> list[RunData]:
+    """Run directories, given as themselves or as a folder holding them (a bench
+    directory), in the order given and then by name."""
+    runs: list[RunData] = []
+    for given in map(Path, paths):
+        if not given.is_dir():
+            raise UserError(f"{given}: no such run or bench directory")
+        if (given / "summary.json").exists() or (given / "metrics.jsonl").exists():
+            runs.append(load_run(given))
+            continue
+        found = sorted({p.parent for depth in range(1, DEPTH + 1)
+                        for p in given.glob("/".join(["*"] * depth) + "/summary.json")})
+        if not found:
+            raise UserError(f"{given}: no run directory in it (none holds a summary.json)")
+        runs.extend(load_run(p) for p in found)
+    return runs

@@ -1,0 +1,118 @@
+"""One row per run with the seeds' metrics (000 §3.2.5, 004): final accuracy, time and
+epochs to target, throughput, bytes, communication overhead, the per-iteration breakdown
+and scaling efficiency against the 1-worker run of the same job; as CSV and Markdown."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+from typing import Any
+
+from fastsgd.metrics import PHASES
+from fastsgd.profiling import KEYS as PROFILED
+from fastsgd.report.runs import RunData
+from fastsgd.report.text import human_bytes, phase_breakdown
+
+COLUMNS = ("run", "strategy", "codec", "workers", "steps", "clock", "final_accuracy",
+           "target_accuracy", "time_to_target_s", "epochs_to_target", "training_time_s",
+           "samples_per_s", "bytes_sent", "bytes_per_step", "comm_overhead",
+           *(f"{p}_ms" for p in PHASES), "consensus_distance", "scaling_efficiency", "path")
+
+
+def rows(runs: list[RunData]) -> list[dict[str, Any]]:
+    out = [_row(r) for r in runs]
+    for row, eff in zip(out, scaling_efficiency(runs)):
+        row["scaling_efficiency"] = eff
+    return out
+
+
+def _row(run: RunData) -> dict[str, Any]:
+    s = run.summary
+    phases = phase_breakdown(run.metrics)
+    step_time = sum(phases.values())
+    return {
+        "run": run.path.name, "strategy": s["strategy"], "codec": s["compressor"],
+        "workers": s["workers"], "steps": s["steps"], "clock": run.clock,
+        "final_accuracy": s["final_accuracy"], "target_accuracy": s.get("target_accuracy"),
+        "time_to_target_s": s["time_to_target"], "epochs_to_target": epochs_to_target(run),
+        "training_time_s": run.training_time(), "samples_per_s": s["samples_per_second"],
+        "bytes_sent": s["bytes_sent_total"], "bytes_per_step": s["bytes_sent_total"] / s["steps"],
+        # the share of a step spent moving or waiting for gradients and parameters
+        "comm_overhead": phases["aggregation"] / step_time if step_time else None,
+        **{f"{p}_ms": v * 1e3 for p, v in phases.items()},
+        "consensus_distance": s["consensus_distance"], "scaling_efficiency": None,
+        "path": str(run.path),
+    }
+
+
+def epochs_to_target(run: RunData) -> float | None:
+    """Epochs done by the first evaluation at or above the target (None: not reached)."""
+    target, s = run.summary.get("target_accuracy"), run.summary
+    reached = [e["step"] for e in run.evals if target and e["accuracy"] >= target]
+    return reached[0] * s["epochs"] / s["steps"] if reached else None
+
+
+def scaling_efficiency(runs: list[RunData]) -> list[float | None]:
+    """Throughput at n workers / (n x throughput of the 1-worker run of the same job, the
+    same configuration but for run.workers, where it is written and, with a profiled
+    compute model, the times each run measured); None without one."""
+    def job(run: RunData) -> str:
+        config = copy.deepcopy(run.config)
+        for key in ("workers", "out"):
+            config.get("run", {}).pop(key, None)
+        compute = config.get("compute", {})
+        if compute.get("model") == "profile":
+            for key in PROFILED:
+                compute.pop(key, None)
+        return json.dumps(config, sort_keys=True, default=str)
+
+    single = {job(r): r.summary["samples_per_second"] for r in runs if r.summary["workers"] == 1}
+    out: list[float | None] = []
+    for r in runs:
+        base = single.get(job(r))
+        out.append(r.summary["samples_per_second"] / (r.summary["workers"] * base)
+                   if base else None)
+    return out
+
+
+def to_csv(table: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(table)
+    return buffer.getvalue()
+
+
+MARKDOWN = (  # header, how to show a row's value
+    ("run", lambda r: r["run"]),
+    ("strategy / codec", lambda r: f"{r['strategy']} / {r['codec']}"),
+    ("workers", lambda r: str(r["workers"])),
+    ("accuracy", lambda r: f"{r['final_accuracy']:.2%}"),
+    ("time to target", lambda r: _seconds(r["time_to_target_s"], r["clock"])
+     if r["target_accuracy"] else ""),
+    ("epochs to target", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),
+    ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
+    ("bytes sent", lambda r: human_bytes(r["bytes_sent"])),
+    ("comm. overhead", lambda r: _maybe(r["comm_overhead"], "{:.0%}")),
+    ("step (ms): " + " / ".join(PHASES),
+     lambda r: " / ".join(f"{r[p + '_ms']:.2f}" for p in PHASES)),
+    ("consensus", lambda r: f"{r['consensus_distance']:.3g}"),
+    ("scaling eff.", lambda r: _maybe(r["scaling_efficiency"], "{:.0%}")),
+)
+
+
+def to_markdown(table: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(h for h, _ in MARKDOWN) + " |",
+             "|" + "---|" * len(MARKDOWN)]
+    lines += ["| " + " | ".join(show(r) for _, show in MARKDOWN) + " |" for r in table]
+    return "\n".join(lines) + "\n"
+
+
+def _seconds(value: float | None, clock: str) -> str:
+    return "not reached" if value is None else f"{value:.2f} s {clock}"
+
+
+def _maybe(value: float | None, form: str) -> str:
+    return "" if value is None else form.format(value)

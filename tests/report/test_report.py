@@ -1,0 +1,109 @@
+"""`fastsgd report` over run directories: the CSV, the Markdown table, the plots and the
+HTML page, with the seeds' metrics computed from the runs themselves."""
+
+import csv
+import io
+import shutil
+import subprocess
+
+import pytest
+
+import fastsgd as fs
+from fastsgd.cli import main
+from fastsgd.report import find_runs, load_run
+from fastsgd.report.table import rows
+
+COMMON = {"data.name": "digits", "model.name": "mlp", "run.steps": 60, "run.eval_every": 20,
+          "compute.model": "fixed", "compute.step_time": "2ms", "network.bandwidth": "1Gbit"}
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    """A folder of three runs: allreduce on 1 and 2 workers, dpsgd on 4 (a ring)."""
+    root = tmp_path_factory.mktemp("bench")
+    for name, strategy, workers in (("one", "allreduce", 1), ("two", "allreduce", 2),
+                                    ("gossip", "dpsgd", 4)):
+        options = {**COMMON, "run.workers": workers, "run.out": str(root / name)}
+        fs.Job(strategy=strategy, options=options, quiet=True).simulate()
+    return root
+
+
+def test_report_writes_the_table_the_plots_and_the_page(bench, tmp_path, capsys):
+    assert main(["report", str(bench), "--out", str(tmp_path / "out")]) == 0
+    out = tmp_path / "out"
+    table = list(csv.DictReader(io.StringIO((out / "report.csv").read_text())))
+    assert [r["run"] for r in table] == ["gossip", "one", "two"]
+    for name in ("accuracy_time", "accuracy_bytes", "breakdown", "scaling", "consensus"):
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    page = (out / "report.html").read_text()
+    assert page.count("src='data:image/png;base64,") == 5 and "<table id='runs'>" in page
+    markdown = (out / "report.md").read_text()
+    assert sum(line.startswith("| ") for line in markdown.splitlines()) == 4
+    assert markdown in "# fastsgd report\n\n" + capsys.readouterr().out
+
+
+def test_scaling_efficiency_is_against_the_one_worker_run_of_the_same_job(bench):
+    runs = find_runs([bench])
+    table = {r["run"]: r for r in rows(runs)}
+    one, two = (load_run(bench / n).summary["samples_per_second"] for n in ("one", "two"))
+    assert table["two"]["scaling_efficiency"] == pytest.approx(two / (2 * one))
+    assert table["one"]["scaling_efficiency"] == 1.0
+    assert table["gossip"]["scaling_efficiency"] is None  # no 1-worker dpsgd run
+
+
+def test_bytes_and_epochs_come_from_the_logged_steps(bench):
+    run = load_run(bench / "two")
+    sent = run.bytes_until()
+    assert sent[-1][1] == run.summary["bytes_sent_total"]
+    row = rows([run])[0]
+    first = next(e["step"] for e in run.evals if e["accuracy"] >= 0.88)
+    assert row["epochs_to_target"] == pytest.approx(first * run.summary["epochs"] / 60)
+    assert row["bytes_per_step"] == run.summary["bytes_sent_total"] / 60
+
+
+def _summary_only(folder):
+    (folder / "r").mkdir()
+    (folder / "r" / "summary.json").write_text("{}")
+    return folder / "r"
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda d: d, "no run directory in it"),
+    (_summary_only, "not a finished run directory (no metrics.jsonl, eval.jsonl)"),
+    (lambda d: d / "absent", "no such run or bench directory"),
+])
+def test_what_is_not_a_run_is_one_line(tmp_path, capsys, make, says):
+    path = make(tmp_path)
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(path) in err and says in err
+
+
+def _screenshot(page, shot):
+    from matplotlib.image import imread
+
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                    "--hide-scrollbars", "--window-size=1000,3000", f"--screenshot={shot}",
+                    page.as_uri()], capture_output=True, timeout=120, check=True)
+    pixels = imread(shot)[..., :3]
+    # the table: dark text in the top band; the plots: matplotlib's first colours (C0 blue,
+    # C1 orange) below it, which only a decoded image can show
+    top, rest = pixels[:300], pixels[300:]
+    text = (top.max(axis=-1) < 0.3).mean()
+    blue = (abs(rest - [0.12, 0.47, 0.71]).max(axis=-1) < 0.08).mean()
+    orange = (abs(rest - [1.0, 0.5, 0.05]).max(axis=-1) < 0.08).mean()
+    return text, blue, orange
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_page_renders_in_headless_chromium(bench, tmp_path):
+    main(["report", str(bench), "--out", str(tmp_path / "out")])
+    page = tmp_path / "out" / "report.html"
+    text, blue, orange = _screenshot(page, tmp_path / "shot.png")
+    assert text > 0.005 and blue > 0.0005 and orange > 0.0002, (text, blue, orange)
+    # the same page with its images damaged shows the table and none of the plots' colours
+    broken = tmp_path / "broken.html"
+    broken.write_text(page.read_text().replace("base64,", "base64,AAAA"))
+    text, blue, orange = _screenshot(broken, tmp_path / "broken.png")
+    assert text > 0.005 and blue < 0.0001 and orange < 0.0001, (text, blue, orange)
