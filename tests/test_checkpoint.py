@@ -195,6 +195,9 @@ def test_real_processes_resume_bitwise_after_kill_9(tmp_path, strategy, codec):
     b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _losses(tmp_path / "a") == _losses(tmp_path / "b")
+    # the resumed run's TensorBoard events replace the first part's: one file, every step
+    events = list((tmp_path / "b").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
 
 
 def test_a_complete_run_resumes_only_to_train_longer(tmp_path):

@@ -148,8 +148,9 @@ def _dispatch(args: argparse.Namespace) -> int:
               file=sys.stderr)
     result = job.simulate() if args.command == "simulate" else job.run()
     if result.summary is not None:
-        print(text_report(result.run_dir))
-        print(f"report         {write_run_report(result.run_dir)}")
+        page = write_run_report(result.run_dir)
+        *lines, last = text_report(result.run_dir).splitlines()
+        print("\n".join([*lines, f"report         {page}", last]))  # the folder stays last
     return 0
 
 

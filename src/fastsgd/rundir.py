@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from fastsgd.errors import UserError
+from fastsgd.tensorboard import PREFIX as EVENTS_PREFIX
+from fastsgd.tensorboard import SUFFIX as EVENTS_SUFFIX
 
 RUN_FILES = ("config.toml", "environment.json", "metrics.jsonl", "eval.jsonl",
              "summary.json", "model.pt")
@@ -52,6 +54,9 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
         for name in RUN_FILES:
             (path / name).unlink(missing_ok=True)
         shutil.rmtree(path / "checkpoints", ignore_errors=True)
+        shutil.rmtree(path / "report", ignore_errors=True)
+        for events in path.glob(f"{EVENTS_PREFIX}*{EVENTS_SUFFIX}"):
+            events.unlink()
         return path
     for k in count(1):
         candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")

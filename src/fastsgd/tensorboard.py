@@ -1,0 +1,105 @@
+"""TensorBoard event files of a run, written from its metrics.jsonl and eval.jsonl when it
+ends: per-rank scalars (loss, bytes sent and received, staleness) and the representative
+model's evaluations (accuracy, loss, consensus distance).
+
+One file per run, in the run directory itself, so `tensorboard --logdir runs` shows one run
+per job (named by its folder), each rank a tag (`loss/rank3`). The event time is the run's
+own clock: the virtual clock in simulation, seconds since the start on real processes
+(offset by the run's start, so TensorBoard's "relative" axis reads the training time).
+
+Written here without TensorBoard or TensorFlow: an event file is a TFRecord stream of
+`Event` protocol buffers (tensorflow/core/util/event.proto), each record framed by its
+length and masked CRC-32C checksums (tensorflow/core/lib/io/record_writer.cc). Only the
+reader needs `pip install fastsgd[tensorboard]`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from pathlib import Path
+
+from fastsgd.metrics import read_jsonl
+
+PREFIX = "events.out.tfevents."
+SUFFIX = ".fastsgd"  # ours: replaced when the run is written again (a resumed run)
+PER_RANK = ("loss", "bytes_sent", "bytes_received", "staleness")
+PER_EVAL = {"accuracy": "accuracy", "loss": "eval_loss", "consensus_distance": "consensus"}
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), as TFRecord checksums it."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def record(data: bytes) -> bytes:
+    """One TFRecord: length, its checksum, the data, its checksum."""
+    length = struct.pack("<Q", len(data))
+    return (length + struct.pack("<I", _masked(crc32c(length))) + data
+            + struct.pack("<I", _masked(crc32c(data))))
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def event(wall_time: float, step: int = 0, tag: str | None = None, value: float = 0.0,
+          version: str | None = None) -> bytes:
+    """An Event: wall_time (1, double), step (2, int64), file_version (3) or a summary (5)
+    of one scalar Value: tag (1), simple_value (2, float)."""
+    out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
+    if version is not None:
+        return out + _field(3, version.encode())
+    scalar = _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value)
+    return out + _field(5, _field(1, scalar))
+
+
+def write_events(run_dir: str | Path, start: float) -> Path:
+    """Write RUN_DIR's event file (replacing the one written before); `start` is the epoch
+    time the run's clock counts from. Returns the file."""
+    run_dir = Path(run_dir)
+    for old in run_dir.glob(f"{PREFIX}*{SUFFIX}"):
+        old.unlink()
+    path = run_dir / f"{PREFIX}{int(start)}.{socket.gethostname()}{SUFFIX}"
+    records = [event(start, version="brain.Event:2")]
+    for row in read_jsonl(run_dir / "metrics.jsonl"):
+        at, rank = start + row["time"], row["rank"]
+        records += [event(at, row["step"], f"{key}/rank{rank}", float(row[key]))
+                    for key in PER_RANK if row.get(key) is not None]
+    for row in read_jsonl(run_dir / "eval.jsonl"):
+        records += [event(start + row["time"], row["step"], tag, float(row[key]))
+                    for key, tag in PER_EVAL.items() if row.get(key) is not None]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(b"".join(map(record, records)))
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,56 @@
+"""TensorBoard event files (tensorboard.py): written without TensorBoard, read by it."""
+
+import struct
+
+import pytest
+
+import fastsgd as fs
+from fastsgd.tensorboard import PREFIX, crc32c, record
+
+COMMON = {"data.name": "digits", "model.name": "mlp", "run.steps": 30, "run.eval_every": 10,
+          "compute.model": "fixed", "compute.step_time": "2ms", "run.workers": 3}
+
+
+def test_crc32c_and_the_record_frame():
+    assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+    framed = record(b"abc")
+    (length,) = struct.unpack("<Q", framed[:8])
+    assert length == 3 and framed[12:15] == b"abc" and len(framed) == 8 + 4 + 3 + 4
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for strategy in ("allreduce", "dpsgd"):
+        fs.Job(strategy=strategy, options={**COMMON, "run.out": str(root / strategy)},
+               quiet=True).simulate()
+    return root
+
+
+def test_one_event_file_per_run_and_none_when_off(runs, tmp_path):
+    assert len(list((runs / "dpsgd").glob(PREFIX + "*"))) == 1
+    fs.Job(options={**COMMON, "run.out": str(tmp_path / "r"),
+                                 "run.tensorboard": False}, quiet=True).simulate()
+    assert not list((tmp_path / "r").glob(PREFIX + "*"))
+
+
+def test_tensorboard_reads_one_run_per_job_with_a_tag_per_rank(runs):
+    multiplexer = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_multiplexer",
+        reason="tensorboard is not installed (pip install fastsgd[tensorboard]; .ci/run does)")
+    mux = multiplexer.EventMultiplexer().AddRunsFromDirectory(str(runs))
+    mux.Reload()
+    assert sorted(mux.Runs()) == ["allreduce", "dpsgd"]
+    run = fs.Result(None, runs / "dpsgd")
+    tags = set(mux.Runs()["dpsgd"]["scalars"])
+    assert {f"loss/rank{r}" for r in range(3)} <= tags
+    assert {"accuracy", "eval_loss", "consensus", "bytes_sent/rank2"} <= tags
+    losses = [(e.step, e.value) for e in mux.Scalars("dpsgd", "loss/rank1")]
+    rows = sorted((m["step"], m["loss"]) for m in run.metrics() if m["rank"] == 1)
+    assert losses == [(s, pytest.approx(v)) for s, v in rows]
+    # the event time is the virtual clock (offset by the run's start)
+    evals = run.evals()
+    accuracy = mux.Scalars("dpsgd", "accuracy")
+    assert [e.step for e in accuracy] == [e["step"] for e in evals]
+    assert (accuracy[-1].wall_time - accuracy[0].wall_time
+            == pytest.approx(evals[-1]["time"] - evals[0]["time"], abs=1e-6))
