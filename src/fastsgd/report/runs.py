@@ -4,6 +4,7 @@ and evaluations, and the series the plots draw (accuracy, bytes and consensus ov
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,11 @@ def load_run(path: str | Path) -> RunData:
     return RunData(path, summary, config, metrics, evals, environment)
 
 
+def _natural(path: Path) -> list:
+    """allreduce-4 before allreduce-16."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
 def find_runs(paths: list[str | Path]) -> list[RunData]:
     """Run directories, given as themselves or as a folder holding them (a bench
     directory), in the order given and then by name."""
@@ -93,7 +99,8 @@ def find_runs(paths: list[str | Path]) -> list[RunData]:
             runs.append(load_run(given))
             continue
         found = sorted({p.parent for depth in range(1, DEPTH + 1)
-                        for p in given.glob("/".join(["*"] * depth) + "/summary.json")})
+                        for p in given.glob("/".join(["*"] * depth) + "/summary.json")},
+                       key=_natural)
         if not found:
             raise UserError(f"{given}: no run directory in it (none holds a summary.json)")
         runs.extend(load_run(p) for p in found)
