@@ -14,6 +14,7 @@ USAGE_EXAMPLES = """examples:
   fastsgd run runs/allreduce-20261126-101500/config.toml     repeat a run (in a new folder)
   fastsgd run --resume runs/allreduce-20261126-101500        continue it from its checkpoint
   fastsgd report runs/a runs/b --out cmp                     tables, plots, one HTML page
+  fastsgd bench sweep.toml --jobs 2                          a matrix of runs, then a report
   fastsgd keys                                               every config key
 """
 KEYS_HINT = "every section and key, with defaults: fastsgd keys"
@@ -45,7 +46,20 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("keys", help=text, description=text)
     _topology_parser(sub)
     _report_parser(sub)
+    _bench_parser(sub)
     return parser
+
+
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    text = "run a matrix of runs from a spec (axes over any config key) and report on them"
+    p = sub.add_parser("bench", help=text, description=text)
+    p.add_argument("spec", help="TOML: [bench] mode, [base] configuration, [axes] key = [values]")
+    p.add_argument("--out", default=None, help="bench directory (default: bench/SPEC-NAME)")
+    p.add_argument("--jobs", type=int, default=1, help="cells run side by side (default 1)")
+    p.add_argument("--max-cells", type=int, default=64,
+                   help="refuse a larger matrix without --yes (default 64)")
+    p.add_argument("--yes", action="store_true", help="run a matrix over --max-cells")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _report_parser(sub: argparse._SubParsersAction) -> None:
@@ -131,6 +145,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _show_topology(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "bench":
+        from fastsgd.bench import run_bench
+
+        failed = run_bench(args.spec, args.out, args.jobs, args.max_cells, args.yes, args.quiet)
+        return 1 if failed else 0
     if args.command == "keys":
         from fastsgd.compress import CODECS
         from fastsgd.strategies import STRATEGIES

@@ -15,6 +15,11 @@ class Progress:
         self._next_line = 0.1  # without a terminal, print a line every 10%
 
     def update(self, done: int, loss: float, accuracy: float | None) -> None:
+        acc = f" acc {accuracy:.2%}" if accuracy is not None else ""
+        self.show(done, f"loss {loss:.4f}{acc}")
+
+    def show(self, done: int, note: str) -> None:
+        """The bar at `done` of `total`, with the elapsed time, the ETA and `note`."""
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -24,18 +29,16 @@ class Progress:
             return
         self._last_print = now
         self._next_line = (int(done / self.total * 10) + 1) / 10
-        sys.stderr.write(("\r" if self.tty else "") + self.line(done, loss, accuracy, now)
+        sys.stderr.write(("\r" if self.tty else "") + self.line(done, note, now)
                          + ("" if self.tty else "\n"))
         sys.stderr.flush()
 
-    def line(self, done: int, loss: float, accuracy: float | None, now: float) -> str:
+    def line(self, done: int, note: str, now: float) -> str:
         elapsed = now - self.start
         eta = elapsed / done * (self.total - done) if done else 0.0
         filled = int(self.width * done / self.total)
         bar = "#" * filled + "." * (self.width - filled)
-        acc = f" acc {accuracy:.2%}" if accuracy is not None else ""
-        return (f"[{bar}] {done}/{self.total} {_clock(elapsed)}<{_clock(eta)} "
-                f"loss {loss:.4f}{acc}")
+        return f"[{bar}] {done}/{self.total} {_clock(elapsed)}<{_clock(eta)} {note}"
 
     def close(self) -> None:
         if self.enabled and self.tty:

@@ -11,7 +11,15 @@ from typing import Any
 
 from fastsgd.report import plots
 from fastsgd.report.runs import RunData
-from fastsgd.report.table import MARKDOWN, rows, to_csv, to_markdown
+from fastsgd.report.table import (
+    MARKDOWN,
+    SEED_COLUMNS,
+    SEEDS_MARKDOWN,
+    over_seeds,
+    rows,
+    to_csv,
+    to_markdown,
+)
 
 WHY_NOT = {  # why a plot is missing
     "scaling.png": "needs a 1-worker run and a larger one of the same job",
@@ -30,9 +38,13 @@ def write_report(runs: list[RunData], out: str | Path, title: str = "fastsgd rep
     limits the plots (a run's own small report draws fewer)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    table = rows(runs)
-    written = [_write(out / "report.csv", to_csv(table).encode()),
-               _write(out / "report.md", f"# {title}\n\n{to_markdown(table)}".encode())]
+    table, seeds = rows(runs), over_seeds(runs)
+    markdown = f"# {title}\n\n{to_markdown(table)}"
+    written = [_write(out / "report.csv", to_csv(table).encode())]
+    if seeds:
+        markdown += f"\n## Over seeds\n\n{to_markdown(seeds, SEEDS_MARKDOWN)}"
+        written.append(_write(out / "seeds.csv", to_csv(seeds, SEED_COLUMNS).encode()))
+    written.append(_write(out / "report.md", markdown.encode()))
     images: list[tuple[str, str, bytes | None]] = []
     for name, caption, draw in plots.PLOTS:
         if plot_names is None or name in plot_names:
@@ -40,7 +52,7 @@ def write_report(runs: list[RunData], out: str | Path, title: str = "fastsgd rep
             images.append((name, caption, png))
             if png is not None:
                 written.append(_write(out / name, png))
-    page = _html(title, runs, table, images)
+    page = _html(title, runs, [(table, MARKDOWN), (seeds, SEEDS_MARKDOWN)], images)
     written.append(_write(out / "report.html", page.encode()))
     return written
 
@@ -66,14 +78,23 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
-def _html(title: str, runs: list[RunData], table: list[dict[str, Any]],
-          images: list[tuple[str, str, bytes | None]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h, _ in MARKDOWN)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(show(r))}</td>" for _, show in MARKDOWN)
+def _table(table: list[dict[str, Any]], columns: tuple, name: str) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h, _ in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(show(r))}</td>" for _, show in columns)
                    + "</tr>" for r in table)
+    return f"<table id='{name}'><tr>{head}</tr>{body}</table>"
+
+
+def _html(title: str, runs: list[RunData], tables: list[tuple[list[dict[str, Any]], tuple]],
+          images: list[tuple[str, str, bytes | None]]) -> str:
+    (table, columns), (seeds, seed_columns) = tables
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
              f"</title><style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
-             f"<table id='runs'><tr>{head}</tr>{body}</table>", _provenance(runs)]
+             _table(table, columns, "runs")]
+    if seeds:
+        parts += ["<h2>Over seeds (MLPerf: the fastest and slowest dropped)</h2>",
+                  _table(seeds, seed_columns, "seeds")]
+    parts.append(_provenance(runs))
     for name, caption, png in images:
         parts.append(f"<h2>{html.escape(caption)}</h2>")
         if png is None:
@@ -93,7 +114,7 @@ def _provenance(runs: list[RunData]) -> str:
         env = r.environment
         what = ", ".join(str(env[k]) for k in ("platform", "torch", "backend") if env.get(k))
         command = " ".join(env.get("command", []))
-        items.append(f"<li>{html.escape(r.path.name)}: {html.escape(what or 'unknown')}"
+        items.append(f"<li>{html.escape(r.title)}: {html.escape(what or 'unknown')}"
                      + (f" &mdash; <code>{html.escape(command)}</code>" if command else "")
                      + "</li>")
     return f"<p class='note'>Runs, machines and commands:</p><ul class='note'>{''.join(items)}</ul>"

@@ -14,6 +14,7 @@ from fastsgd.errors import UserError
 from fastsgd.metrics import read_jsonl
 
 NEEDED = ("summary.json", "metrics.jsonl", "eval.jsonl")
+LABELS = "labels.json"  # {folder name: label}, beside a bench's cell folders
 DEPTH = 3  # how far below a bench directory run directories are looked for
 
 
@@ -25,11 +26,17 @@ class RunData:
     metrics: list[dict[str, Any]]
     evals: list[dict[str, Any]]
     environment: dict[str, Any]
+    label: str = ""  # a bench cell's values on its axes (LABELS beside its folder)
+
+    @property
+    def title(self) -> str:
+        """What the tables call it: its axis values in a bench, else its folder's name."""
+        return self.label or self.path.name
 
     @property
     def name(self) -> str:
         s = self.summary
-        return f"{s['strategy']}/{s['compressor']} x{s['workers']} ({self.path.name})"
+        return f"{s['strategy']}/{s['compressor']} x{s['workers']} ({self.title})"
 
     @property
     def clock(self) -> str:
@@ -80,7 +87,9 @@ def load_run(path: str | Path) -> RunData:
     config = read_toml(path / "config.toml") if (path / "config.toml").is_file() else {}
     env = path / "environment.json"
     environment = json.loads(env.read_text()) if env.is_file() else {}
-    return RunData(path, summary, config, metrics, evals, environment)
+    labels = path.parent / LABELS
+    label = json.loads(labels.read_text()).get(path.name, "") if labels.is_file() else ""
+    return RunData(path, summary, config, metrics, evals, environment, label)
 
 
 def _natural(path: Path) -> list:

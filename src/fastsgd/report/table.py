@@ -8,6 +8,8 @@ import copy
 import csv
 import io
 import json
+import math
+import statistics
 from typing import Any
 
 from fastsgd.metrics import PHASES
@@ -33,7 +35,7 @@ def _row(run: RunData) -> dict[str, Any]:
     phases = phase_breakdown(run.metrics)
     step_time = sum(phases.values())
     return {
-        "run": run.path.name, "strategy": s["strategy"], "codec": s["compressor"],
+        "run": run.title, "strategy": s["strategy"], "codec": s["compressor"],
         "workers": s["workers"], "steps": s["steps"], "clock": run.clock,
         "final_accuracy": s["final_accuracy"], "target_accuracy": s.get("target_accuracy"),
         "time_to_target_s": s["time_to_target"], "epochs_to_target": epochs_to_target(run),
@@ -54,32 +56,77 @@ def epochs_to_target(run: RunData) -> float | None:
     return reached[0] * s["epochs"] / s["steps"] if reached else None
 
 
-def scaling_efficiency(runs: list[RunData]) -> list[float | None]:
-    """Throughput at n workers / (n x throughput of the 1-worker run of the same job, the
-    same configuration but for run.workers, where it is written and, with a profiled
-    compute model, the times each run measured); None without one."""
-    def job(run: RunData) -> str:
-        config = copy.deepcopy(run.config)
-        for key in ("workers", "out"):
-            config.get("run", {}).pop(key, None)
-        compute = config.get("compute", {})
-        if compute.get("model") == "profile":
-            for key in PROFILED:
-                compute.pop(key, None)
-        return json.dumps(config, sort_keys=True, default=str)
+def job_key(run: RunData, ignore: tuple[str, ...] = ("workers", "out")) -> str:
+    """The run's configuration but for the run.* keys in `ignore`, where it is written and,
+    with a profiled compute model, the times each run measured: runs of one job match."""
+    config = copy.deepcopy(run.config)
+    for key in ignore:
+        config.get("run", {}).pop(key, None)
+    compute = config.get("compute", {})
+    if compute.get("model") == "profile":
+        for key in PROFILED:
+            compute.pop(key, None)
+    return json.dumps(config, sort_keys=True, default=str)
 
-    single = {job(r): r.summary["samples_per_second"] for r in runs if r.summary["workers"] == 1}
+
+def scaling_efficiency(runs: list[RunData]) -> list[float | None]:
+    """Throughput at n workers / (n x throughput of the 1-worker run of the same job);
+    None without one."""
+    single = {job_key(r): r.summary["samples_per_second"] for r in runs
+              if r.summary["workers"] == 1}
     out: list[float | None] = []
     for r in runs:
-        base = single.get(job(r))
+        base = single.get(job_key(r))
         out.append(r.summary["samples_per_second"] / (r.summary["workers"] * base)
                    if base else None)
     return out
 
 
-def to_csv(table: list[dict[str, Any]]) -> str:
+def mlperf_score(values: list[float | None]) -> float | None:
+    """MLPerf Training's score of repeated runs: drop the fastest and the slowest (with 3
+    or more), average the rest. A run that did not get there (None) counts as the slowest;
+    more than one, or one of two, and the cell has not reached it (None)."""
+    if sum(v is None for v in values) > 1:
+        return None
+    times = sorted(math.inf if v is None else v for v in values)
+    if len(times) >= 3:
+        times = times[1:-1]
+    return None if math.inf in times else statistics.fmean(times)
+
+
+SEED_COLUMNS = ("cell", "seeds", "accuracy_mean", "accuracy_sd", "time_to_target_s",
+                "epochs_to_target", "samples_per_s", "clock")
+
+
+def over_seeds(runs: list[RunData]) -> list[dict[str, Any]]:
+    """One row per job run with several seeds: the spread of its final accuracy and its
+    MLPerf-scored time and epochs to target."""
+    groups: dict[str, list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(job_key(r, ("out", "seed")), []).append(r)
+    out = []
+    for group in (g for g in groups.values() if len(g) > 1):
+        accuracy = [r.summary["final_accuracy"] for r in group]
+        out.append({
+            "cell": _without_seed(group[0]), "seeds": len(group),
+            "accuracy_mean": statistics.fmean(accuracy), "accuracy_sd": statistics.stdev(accuracy),
+            "time_to_target_s": mlperf_score([r.summary["time_to_target"] for r in group]),
+            "epochs_to_target": mlperf_score([epochs_to_target(r) for r in group]),
+            "samples_per_s": statistics.fmean(r.summary["samples_per_second"] for r in group),
+            "clock": group[0].clock})
+    return out
+
+
+def _without_seed(run: RunData) -> str:
+    if run.label:
+        return " ".join(p for p in run.label.split() if not p.startswith("run.seed="))
+    s = run.summary
+    return f"{s['strategy']}/{s['compressor']} x{s['workers']}"
+
+
+def to_csv(table: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     writer.writerows(table)
     return buffer.getvalue()
@@ -103,10 +150,19 @@ MARKDOWN = (  # header, how to show a row's value
 )
 
 
-def to_markdown(table: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(h for h, _ in MARKDOWN) + " |",
-             "|" + "---|" * len(MARKDOWN)]
-    lines += ["| " + " | ".join(show(r) for _, show in MARKDOWN) + " |" for r in table]
+SEEDS_MARKDOWN = (
+    ("cell", lambda r: r["cell"]),
+    ("seeds", lambda r: str(r["seeds"])),
+    ("accuracy (mean ± sd)", lambda r: f"{r['accuracy_mean']:.2%} ± {r['accuracy_sd']:.2%}"),
+    ("time to target (MLPerf)", lambda r: _seconds(r["time_to_target_s"], r["clock"])),
+    ("epochs to target (MLPerf)", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),
+    ("samples/s (mean)", lambda r: f"{r['samples_per_s']:,.0f}"),
+)
+
+
+def to_markdown(table: list[dict[str, Any]], columns: tuple = MARKDOWN) -> str:
+    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(show(r) for _, show in columns) + " |" for r in table]
     return "\n".join(lines) + "\n"
 
 

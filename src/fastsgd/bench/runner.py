@@ -1,0 +1,96 @@
+"""`fastsgd bench SPEC.toml`: run a spec's cells on this machine, `jobs` at a time, each as
+its own `fastsgd run|simulate` process writing its run directory under BENCH_DIR/cells/,
+then report on them all (BENCH_DIR/report/). Cells already done are skipped, so a bench
+that stopped goes on where it was; a cell that fails is named, with its error, and the
+others go on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from fastsgd import config as cfg
+from fastsgd.bench.spec import Cell, cells, load_spec
+from fastsgd.errors import UserError
+from fastsgd.metrics import write_json
+from fastsgd.progress import Progress
+from fastsgd.report import load_run, write_report
+from fastsgd.report.runs import LABELS
+
+MAX_CELLS = 64
+ERROR_LINES = 5  # of a failed cell's stderr, in the bench's own output
+
+
+def plan(spec: str | Path, out: str | Path | None, max_cells: int, yes: bool
+         ) -> tuple[Path, list[Cell]]:
+    mode, base, axes = load_spec(spec)
+    matrix = cells(mode, base, axes)
+    if len(matrix) > max_cells and not yes:
+        raise UserError(f"{spec}: {len(matrix)} cells, more than --max-cells {max_cells}; "
+                        "run them with --yes, or raise --max-cells")
+    return Path(out) if out else Path("bench") / Path(spec).stem, matrix
+
+
+def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
+              max_cells: int = MAX_CELLS, yes: bool = False, quiet: bool = False) -> int:
+    """Run every cell not yet done; returns the number of cells that failed."""
+    root, matrix = plan(spec, out, max_cells, yes)
+    (root / "cells").mkdir(parents=True, exist_ok=True)
+    labels = root / "cells" / LABELS  # what each hashed folder is, for the report
+    known = json.loads(labels.read_text()) if labels.is_file() else {}
+    write_json(labels, {**known, **{c.id: c.label for c in matrix}})
+    todo = [c for c in matrix if not done(root, c)]
+    print(f"bench {spec}: {len(matrix)} cells, {len(matrix) - len(todo)} done before, "
+          f"{len(todo)} to run, {jobs} at a time, in {root}", file=sys.stderr)
+    failed = []
+    progress = Progress(len(todo), enabled=not quiet and bool(todo))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(run_cell, root, c): c for c in todo}
+        for k, future in enumerate(as_completed(futures), start=1):
+            cell, error = futures[future], future.result()
+            if error:
+                failed.append(cell)
+                print(f"\ncell {cell.id} ({cell.label}) failed: {error}", file=sys.stderr)
+            progress.show(k, f"cell {cell.id} {'failed' if error else 'done'}")
+    progress.close()
+    finished = [cell_dir(root, c) for c in matrix if done(root, c)]
+    if finished:
+        written = write_report([load_run(d) for d in finished], root / "report",
+                               title=f"fastsgd bench {Path(spec).name}")
+        print(f"report: {', '.join(p.name for p in written)} in {root / 'report'}",
+              file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} of {len(matrix)} cells failed: {', '.join(c.id for c in failed)} "
+              f"(their logs: {root / 'cells'}/ID.log)", file=sys.stderr)
+    return len(failed)
+
+
+def cell_dir(root: Path, cell: Cell) -> Path:
+    return root / "cells" / cell.id
+
+
+def done(root: Path, cell: Cell) -> bool:
+    return (cell_dir(root, cell) / "summary.json").is_file()
+
+
+def run_cell(root: Path, cell: Cell) -> str | None:
+    """One cell as a process of its own; None, or the last lines of its error."""
+    folder = cell_dir(root, cell)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    spec = folder.parent / f"{cell.id}.toml"
+    spec.write_text(cfg.to_toml(cell.config))
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "fastsgd", cell.mode, str(spec), "--quiet",
+                           "--overwrite", "--set", f"run.out={folder}"],
+                          capture_output=True, text=True)
+    (folder.parent / f"{cell.id}.log").write_text(
+        f"# {cell.label}, {time.perf_counter() - start:.1f} s, exit {proc.returncode}\n"
+        + proc.stdout + proc.stderr)
+    if proc.returncode == 0:
+        return None
+    lines = proc.stderr.strip().splitlines()[-ERROR_LINES:]
+    return "\n  ".join(lines) or f"exit code {proc.returncode}"

@@ -1,0 +1,103 @@
+"""A bench spec: a base configuration and axes; each cell of their product is one run.
+
+    [bench]
+    mode = "simulate"                  # or "run": real processes; an axis may vary it
+    [base]                             # any run configuration, as in a config file
+    model.name = "mlp"
+    run.steps = 300
+    [axes]                             # any key of the run configuration, or "mode"
+    "strategy.name" = ["allreduce", "dpsgd"]
+    "run.workers" = [4, 16]
+    "run.seed" = [1, 2, 3]
+
+A cell's id is a hash of its mode and its resolved configuration (where it is written
+aside), so a bench that is run again skips the cells it has done, and two specs that
+share a cell share its id.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastsgd import config as cfg
+from fastsgd.errors import ConfigError
+
+MODES = ("simulate", "run")
+
+
+@dataclass(frozen=True)
+class Cell:
+    mode: str
+    config: dict[str, Any]  # resolved and validated
+    values: tuple[tuple[str, Any], ...]  # this cell's value on each axis
+
+    @property
+    def id(self) -> str:
+        config = copy.deepcopy(self.config)
+        config["run"].pop("out", None)
+        text = json.dumps({"mode": self.mode, "config": config}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.values)
+
+
+def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any]]]:
+    """(mode, base configuration, axes) of a spec file, checked."""
+    spec = cfg.read_toml(Path(path))
+    unknown = sorted(set(spec) - {"bench", "base", "axes"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown section [{unknown[0]}]; a spec has [bench], "
+                          "[base] and [axes]")
+    mode = spec.get("bench", {}).get("mode", "simulate")
+    if mode not in MODES:
+        raise ConfigError(f"bench.mode = {mode!r}: use 'simulate' or 'run'")
+    axes = spec.get("axes", {})
+    for key, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"axes.{key}: give a non-empty list of values, e.g. [1, 2]")
+    return mode, spec.get("base", {}), axes
+
+
+def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[Cell]:
+    """Every cell of the product of the axes, in the spec's order, each validated (an
+    unknown key or a bad value names the axis)."""
+    out = []
+    keys = list(axes)
+    for values in itertools.product(*(axes[k] for k in keys)):
+        raw = copy.deepcopy(base)
+        cell_mode = mode
+        for key, value in zip(keys, values):
+            if key == "mode":
+                cell_mode = _mode(value)
+                continue
+            section, _, name = key.partition(".")
+            if not name:
+                raise ConfigError(f"axes.{key}: name a key as section.name, e.g. run.workers")
+            if section not in cfg.SCHEMA or (name not in cfg.SCHEMA[section]
+                                             and section not in cfg.OPEN_SECTIONS):
+                raise ConfigError(f"axes.{key}: no such key (fastsgd keys lists them)")
+            raw.setdefault(section, {})[name] = value
+        try:
+            config = cfg.validate(raw)
+        except ConfigError as e:
+            raise ConfigError(f"the cell {_describe(keys, values)}: {e}") from None
+        out.append(Cell(cell_mode, config, tuple(zip(keys, values))))
+    return out
+
+
+def _mode(value: Any) -> str:
+    if value not in MODES:
+        raise ConfigError(f"axes.mode: {value!r} is not 'simulate' or 'run'")
+    return value
+
+
+def _describe(keys: list[str], values: tuple[Any, ...]) -> str:
+    return " ".join(f"{k}={v}" for k, v in zip(keys, values)) or "(the base)"

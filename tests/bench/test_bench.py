@@ -1,0 +1,97 @@
+"""`fastsgd bench`: a spec's matrix of cells, run as processes, resumable, reported together
+with the spread over seeds scored as MLPerf does."""
+
+import json
+
+import pytest
+
+from fastsgd.bench import cells, load_spec
+from fastsgd.cli import main
+from fastsgd.report.table import mlperf_score
+
+SPEC = """
+[bench]
+mode = "simulate"
+
+[base]
+data.name = "digits"
+model.name = "mlp"
+run.steps = 30
+run.eval_every = 10
+run.workers = 2
+compute.model = "fixed"
+compute.step_time = "2ms"
+
+[axes]
+"strategy.name" = ["allreduce", "dpsgd"]
+"run.seed" = [1, 2, 3]
+"""
+
+
+def _spec(tmp_path, text=SPEC):
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_matrix_is_the_product_of_the_axes_with_stable_ids(tmp_path):
+    matrix = cells(*load_spec(_spec(tmp_path)))
+    assert len(matrix) == 6 and len({c.id for c in matrix}) == 6
+    assert matrix[0].label == "strategy.name=allreduce run.seed=1"
+    assert matrix[4].config["strategy"]["name"] == "dpsgd" and matrix[4].config["run"]["seed"] == 2
+    again = cells(*load_spec(_spec(tmp_path)))
+    assert [c.id for c in again] == [c.id for c in matrix]
+    moved = cells(*load_spec(_spec(tmp_path, SPEC + '"run.out" = ["elsewhere"]\n')))
+    assert [c.id for c in moved] == [c.id for c in matrix]  # where it is written is no part
+
+
+def test_mlperf_drops_the_fastest_and_the_slowest():
+    assert mlperf_score([4.0, 1.0, 2.0, 3.0, 10.0]) == 3.0
+    assert mlperf_score([4.0, 1.0, 2.0, 3.0, None]) == 3.0  # not reached: the slowest
+    assert mlperf_score([1.0, None, None]) is None  # twice: the cell has not reached it
+    assert mlperf_score([1.0, 2.0]) == 1.5 and mlperf_score([1.0, None]) is None
+
+
+@pytest.mark.parametrize("extra,says", [
+    ('"run.wrkers" = [1, 2]\n', "axes.run.wrkers: no such key"),
+    ('"run.workers" = []\n', "axes.run.workers: give a non-empty list"),
+    ('"run.workers" = [0]\n', "the cell strategy.name=allreduce run.seed=1 run.workers=0: "),
+    ('"mode" = ["simulated"]\n', "axes.mode: 'simulated' is not 'simulate' or 'run'"),
+])
+def test_a_bad_axis_is_one_line(tmp_path, capsys, extra, says):
+    assert main(["bench", str(_spec(tmp_path, SPEC + extra))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
+
+def test_a_matrix_over_max_cells_needs_yes(tmp_path, capsys):
+    assert main(["bench", str(_spec(tmp_path)), "--max-cells", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "6 cells, more than --max-cells 5" in err
+
+
+@pytest.mark.multiproc
+def test_a_bench_runs_reports_and_resumes(tmp_path, capsys):
+    spec, out = _spec(tmp_path, SPEC.replace('"dpsgd"]', '"dpsgd", "nosuch"]')), tmp_path / "b"
+    assert main(["bench", str(spec), "--out", str(out)]) == 2  # refused before any cell runs
+    assert "nosuch" in capsys.readouterr().err and not (out / "cells").exists()
+    spec = _spec(tmp_path)
+    assert main(["bench", str(spec), "--out", str(out), "--jobs", "2", "--quiet"]) == 0
+    labels = json.loads((out / "cells" / "labels.json").read_text())
+    assert len(labels) == 6 and all((out / "cells" / i / "summary.json").is_file() for i in labels)
+    markdown = (out / "report" / "report.md").read_text()
+    assert "## Over seeds" in markdown and "| strategy.name=dpsgd | 3 |" in markdown
+    before = {i: (out / "cells" / i / "summary.json").stat().st_mtime_ns for i in labels}
+    assert main(["bench", str(spec), "--out", str(out), "--quiet"]) == 0
+    assert "6 done before, 0 to run" in capsys.readouterr().err
+    assert before == {i: (out / "cells" / i / "summary.json").stat().st_mtime_ns for i in labels}
+
+
+@pytest.mark.multiproc
+def test_a_failed_cell_is_named_and_the_others_run(tmp_path, capsys):
+    text = SPEC.replace('"run.seed" = [1, 2, 3]', '"data.name" = ["digits", "idx"]')
+    out = tmp_path / "b"
+    assert main(["bench", str(_spec(tmp_path, text)), "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "2 of 4 cells failed" in err and "data.path" in err
+    assert len(list(out.glob("cells/*/summary.json"))) == 2
