@@ -59,6 +59,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-cells", type=int, default=64,
                    help="refuse a larger matrix without --yes (default 64)")
     p.add_argument("--yes", action="store_true", help="run a matrix over --max-cells")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="run the cells as tasks of the Ray cluster at ADDRESS (auto, HOST:PORT)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -148,7 +150,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench":
         from fastsgd.bench import run_bench
 
-        failed = run_bench(args.spec, args.out, args.jobs, args.max_cells, args.yes, args.quiet)
+        failed = run_bench(args.spec, args.out, args.jobs, args.max_cells, args.yes, args.quiet,
+                           args.ray)
         return 1 if failed else 0
     if args.command == "keys":
         from fastsgd.compress import CODECS

@@ -12,8 +12,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 from fastsgd import config as cfg
+from fastsgd.bench.cluster import connect, run_cell_on_ray
 from fastsgd.bench.spec import Cell, cells, load_spec
 from fastsgd.errors import UserError
 from fastsgd.metrics import write_json
@@ -36,20 +38,25 @@ def plan(spec: str | Path, out: str | Path | None, max_cells: int, yes: bool
 
 
 def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
-              max_cells: int = MAX_CELLS, yes: bool = False, quiet: bool = False) -> int:
-    """Run every cell not yet done; returns the number of cells that failed."""
+              max_cells: int = MAX_CELLS, yes: bool = False, quiet: bool = False,
+              ray_address: str | None = None) -> int:
+    """Run every cell not yet done, here (`jobs` at a time) or as tasks of the Ray cluster
+    at `ray_address` (as many at a time as it schedules); returns how many failed."""
     root, matrix = plan(spec, out, max_cells, yes)
+    ray = connect(ray_address) if ray_address else None
     (root / "cells").mkdir(parents=True, exist_ok=True)
     labels = root / "cells" / LABELS  # what each hashed folder is, for the report
     known = json.loads(labels.read_text()) if labels.is_file() else {}
     write_json(labels, {**known, **{c.id: c.label for c in matrix}})
     todo = [c for c in matrix if not done(root, c)]
+    jobs = max(1, len(todo)) if ray else max(1, jobs)
+    where = f"on the Ray cluster {ray_address}" if ray else f"{jobs} at a time"
     print(f"bench {spec}: {len(matrix)} cells, {len(matrix) - len(todo)} done before, "
-          f"{len(todo)} to run, {jobs} at a time, in {root}", file=sys.stderr)
+          f"{len(todo)} to run, {where}, in {root}", file=sys.stderr)
     failed = []
     progress = Progress(len(todo), enabled=not quiet and bool(todo))
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_cell, root, c): c for c in todo}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_cell, root, c, ray): c for c in todo}
         for k, future in enumerate(as_completed(futures), start=1):
             cell, error = futures[future], future.result()
             if error:
@@ -77,20 +84,24 @@ def done(root: Path, cell: Cell) -> bool:
     return (cell_dir(root, cell) / "summary.json").is_file()
 
 
-def run_cell(root: Path, cell: Cell) -> str | None:
-    """One cell as a process of its own; None, or the last lines of its error."""
+def run_cell(root: Path, cell: Cell, ray: Any = None) -> str | None:
+    """One cell as a process of its own, here or as a Ray task; None, or the last lines of
+    its error."""
     folder = cell_dir(root, cell)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    spec = folder.parent / f"{cell.id}.toml"
-    spec.write_text(cfg.to_toml(cell.config))
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "fastsgd", cell.mode, str(spec), "--quiet",
-                           "--overwrite", "--set", f"run.out={folder}"],
-                          capture_output=True, text=True)
+    if ray is not None:
+        code, output = run_cell_on_ray(ray, folder, cell)
+    else:
+        spec = folder.parent / f"{cell.id}.toml"
+        spec.write_text(cfg.to_toml(cell.config))
+        proc = subprocess.run([sys.executable, "-m", "fastsgd", cell.mode, str(spec),
+                               "--quiet", "--overwrite", "--set", f"run.out={folder}"],
+                              capture_output=True, text=True)
+        code, output = proc.returncode, proc.stdout + proc.stderr
     (folder.parent / f"{cell.id}.log").write_text(
-        f"# {cell.label}, {time.perf_counter() - start:.1f} s, exit {proc.returncode}\n"
-        + proc.stdout + proc.stderr)
-    if proc.returncode == 0:
+        f"# {cell.label}, {time.perf_counter() - start:.1f} s, exit {code}\n{output}")
+    if code == 0:
         return None
-    lines = proc.stderr.strip().splitlines()[-ERROR_LINES:]
-    return "\n  ".join(lines) or f"exit code {proc.returncode}"
+    lines = output.strip().splitlines()[-ERROR_LINES:]
+    return "\n  ".join(lines) or f"exit code {code}"
