@@ -19,11 +19,14 @@ COMMON = {"data.name": "digits", "model.name": "mlp", "run.steps": 60, "run.eval
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    """A folder of three runs: allreduce on 1 and 2 workers, dpsgd on 4 (a ring)."""
+    """A folder of four runs: allreduce on 1 and 2 workers, dpsgd on 4 (a ring), and ps on 2
+    with a worker 3 times slower (stale gradients)."""
     root = tmp_path_factory.mktemp("bench")
     for name, strategy, workers in (("one", "allreduce", 1), ("two", "allreduce", 2),
-                                    ("gossip", "dpsgd", 4)):
+                                    ("gossip", "dpsgd", 4), ("stale", "ps", 2)):
         options = {**COMMON, "run.workers": workers, "run.out": str(root / name)}
+        if strategy == "ps":
+            options["compute.slowdown"] = [1, 3]
         fs.Job(strategy=strategy, options=options, quiet=True).simulate()
     return root
 
@@ -32,13 +35,14 @@ def test_report_writes_the_table_the_plots_and_the_page(bench, tmp_path, capsys)
     assert main(["report", str(bench), "--out", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
     table = list(csv.DictReader(io.StringIO((out / "report.csv").read_text())))
-    assert [r["run"] for r in table] == ["gossip", "one", "two"]
-    for name in ("accuracy_time", "accuracy_bytes", "breakdown", "scaling", "consensus"):
+    assert [r["run"] for r in table] == ["gossip", "one", "stale", "two"]
+    for name in ("accuracy_time", "accuracy_bytes", "breakdown", "scaling", "consensus",
+                 "staleness"):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     page = (out / "report.html").read_text()
-    assert page.count("src='data:image/png;base64,") == 5 and "<table id='runs'>" in page
+    assert page.count("src='data:image/png;base64,") == 6 and "<table id='runs'>" in page
     markdown = (out / "report.md").read_text()
-    assert sum(line.startswith("| ") for line in markdown.splitlines()) == 4
+    assert sum(line.startswith("| ") for line in markdown.splitlines()) == 5
     assert markdown in "# fastsgd report\n\n" + capsys.readouterr().out
 
 

@@ -24,6 +24,7 @@ from fastsgd.report.table import (
 WHY_NOT = {  # why a plot is missing
     "scaling.png": "needs a 1-worker run and a larger one of the same job",
     "consensus.png": "every model stayed identical (consensus distance 0) or was not measured",
+    "staleness.png": "every step used fresh gradients and models (staleness 0)",
 }
 
 STYLE = """body{font-family:sans-serif;margin:2em;color:#222}

@@ -6,7 +6,7 @@ matplotlib's object API with the Agg canvas: no pyplot state, no display needed.
 from __future__ import annotations
 
 import io
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +109,33 @@ def scaling(table: list[dict[str, Any]]) -> bytes | None:
     return _figure(draw)
 
 
+def staleness(runs: list[RunData]) -> bytes | None:
+    """How stale the gradients or models each step used were: the share of worker-steps
+    at each staleness, one line per run that had any."""
+    counts = {}
+    for r in runs:
+        seen = Counter(int(m["staleness"]) for m in r.metrics if m.get("staleness") is not None)
+        if any(k > 0 for k in seen):
+            counts[r.name] = seen
+    if not counts:
+        return None
+
+    from matplotlib.ticker import MaxNLocator
+
+    def draw(ax: Any) -> None:  # a histogram per run, their bars side by side
+        width = 0.8 / len(counts)
+        for i, (name, seen) in enumerate(counts.items()):
+            total = sum(seen.values())
+            xs = sorted(seen)
+            ax.bar([x - 0.4 + (i + 0.5) * width for x in xs], [seen[x] / total for x in xs],
+                   width=width, label=name)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("staleness (steps)")
+        ax.set_ylabel("share of worker-steps")
+        ax.legend(fontsize="small")
+    return _figure(draw)
+
+
 PLOTS = (  # file name, title, what draws it (from the runs or the table)
     ("accuracy_time.png", "Accuracy against time", lambda runs, table: accuracy_vs_time(runs)),
     ("accuracy_bytes.png", "Accuracy against bytes sent",
@@ -117,4 +144,5 @@ PLOTS = (  # file name, title, what draws it (from the runs or the table)
     ("scaling.png", "Scaling efficiency", lambda runs, table: scaling(table)),
     ("consensus.png", "Consensus distance against time",
      lambda runs, table: consensus_vs_time(runs)),
+    ("staleness.png", "Staleness", lambda runs, table: staleness(runs)),
 )

@@ -19,7 +19,7 @@ from fastsgd.report.text import human_bytes, phase_breakdown
 
 COLUMNS = ("run", "strategy", "codec", "workers", "steps", "clock", "final_accuracy",
            "target_accuracy", "time_to_target_s", "epochs_to_target", "training_time_s",
-           "samples_per_s", "bytes_sent", "bytes_per_step", "comm_overhead",
+           "wall_time_s", "samples_per_s", "bytes_sent", "bytes_per_step", "comm_overhead",
            *(f"{p}_ms" for p in PHASES), "consensus_distance", "scaling_efficiency", "path")
 
 
@@ -39,7 +39,8 @@ def _row(run: RunData) -> dict[str, Any]:
         "workers": s["workers"], "steps": s["steps"], "clock": run.clock,
         "final_accuracy": s["final_accuracy"], "target_accuracy": s.get("target_accuracy"),
         "time_to_target_s": s["time_to_target"], "epochs_to_target": epochs_to_target(run),
-        "training_time_s": run.training_time(), "samples_per_s": s["samples_per_second"],
+        "training_time_s": run.training_time(), "wall_time_s": s["wall_time"],
+        "samples_per_s": s["samples_per_second"],
         "bytes_sent": s["bytes_sent_total"], "bytes_per_step": s["bytes_sent_total"] / s["steps"],
         # the share of a step spent moving or waiting for gradients and parameters
         "comm_overhead": phases["aggregation"] / step_time if step_time else None,
