@@ -45,6 +45,16 @@ def test_the_matrix_is_the_product_of_the_axes_with_stable_ids(tmp_path):
     assert [c.id for c in moved] == [c.id for c in matrix]  # where it is written is no part
 
 
+def test_a_section_axis_varies_keys_together(tmp_path):
+    text = SPEC.replace('"strategy.name" = ["allreduce", "dpsgd"]',
+                        'strategy = [{name = "dpsgd", topology = "torus"}, '
+                        '{name = "sgp", topology = "onepeer"}]')
+    matrix = cells(*load_spec(_spec(tmp_path, text)))
+    assert [(c.config["strategy"]["name"], c.config["strategy"]["topology"]) for c in matrix] == [
+        ("dpsgd", "torus")] * 3 + [("sgp", "onepeer")] * 3
+    assert matrix[0].label == "strategy=dpsgd/torus run.seed=1"
+
+
 def test_mlperf_drops_the_fastest_and_the_slowest():
     assert mlperf_score([4.0, 1.0, 2.0, 3.0, 10.0]) == 3.0
     assert mlperf_score([4.0, 1.0, 2.0, 3.0, None]) == 3.0  # not reached: the slowest
@@ -53,7 +63,9 @@ def test_mlperf_drops_the_fastest_and_the_slowest():
 
 
 @pytest.mark.parametrize("extra,says", [
-    ('"run.wrkers" = [1, 2]\n', "axes.run.wrkers: no such key"),
+    ('"run.wrkers" = [1, 2]\n', "axes.run.wrkers: no such key run.wrkers"),
+    ('network = [{bandwidth = "1Gbit", latncy = "1ms"}]\n', "no such key network.latncy"),
+    ('network = ["1Gbit"]\n', "axes.network: a section's values are tables"),
     ('"run.workers" = []\n', "axes.run.workers: give a non-empty list"),
     ('"run.workers" = [0]\n', "the cell strategy.name=allreduce run.seed=1 run.workers=0: "),
     ('"mode" = ["simulated"]\n', "axes.mode: 'simulated' is not 'simulate' or 'run'"),

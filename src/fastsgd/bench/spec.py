@@ -9,6 +9,10 @@
     "strategy.name" = ["allreduce", "dpsgd"]
     "run.workers" = [4, 16]
     "run.seed" = [1, 2, 3]
+    network = [{bandwidth = "1Gbit"}, {bandwidth = "100Mbit", latency = "20ms"}]
+
+An axis named by a section alone takes tables, each merged into that section, for keys that
+vary together (a strategy and its topology, a network's bandwidth and latency).
 
 A cell's id is a hash of its mode and its resolved configuration (where it is written
 aside), so a bench that is run again skips the cells it has done, and two specs that
@@ -46,7 +50,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.values)
+        return _describe([k for k, _ in self.values], tuple(v for _, v in self.values))
 
 
 def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any]]]:
@@ -79,12 +83,16 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
                 cell_mode = _mode(value)
                 continue
             section, _, name = key.partition(".")
-            if not name:
-                raise ConfigError(f"axes.{key}: name a key as section.name, e.g. run.workers")
-            if section not in cfg.SCHEMA or (name not in cfg.SCHEMA[section]
-                                             and section not in cfg.OPEN_SECTIONS):
-                raise ConfigError(f"axes.{key}: no such key (fastsgd keys lists them)")
-            raw.setdefault(section, {})[name] = value
+            table = {name: value} if name else value
+            if not isinstance(table, dict):
+                raise ConfigError(f"axes.{key}: a section's values are tables, e.g. "
+                                  f"{{name = ...}}; or name a key as {key}.KEY")
+            for name in table:
+                if section not in cfg.SCHEMA or (name not in cfg.SCHEMA[section]
+                                                 and section not in cfg.OPEN_SECTIONS):
+                    raise ConfigError(f"axes.{key}: no such key {section}.{name} "
+                                      "(fastsgd keys lists them)")
+            raw.setdefault(section, {}).update(table)
         try:
             config = cfg.validate(raw)
         except ConfigError as e:
@@ -100,4 +108,8 @@ def _mode(value: Any) -> str:
 
 
 def _describe(keys: list[str], values: tuple[Any, ...]) -> str:
-    return " ".join(f"{k}={v}" for k, v in zip(keys, values)) or "(the base)"
+    def show(key: str, value: Any) -> str:
+        if isinstance(value, dict):  # a section's table: its values, in order
+            return f"{key}=" + "/".join(str(v) for v in value.values())
+        return f"{key}={value}"
+    return " ".join(show(k, v) for k, v in zip(keys, values)) or "(the base)"
