@@ -53,20 +53,25 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
     where = f"on the Ray cluster {ray_address}" if ray else f"{jobs} at a time"
     print(f"bench {spec}: {len(matrix)} cells, {len(matrix) - len(todo)} done before, "
           f"{len(todo)} to run, {where}, in {root}", file=sys.stderr)
-    failed = []
+    failed: list[Cell] = []
+    finished = 0
     progress = Progress(len(todo), enabled=not quiet and bool(todo))
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_cell, root, c, ray): c for c in todo}
-        for k, future in enumerate(as_completed(futures), start=1):
-            cell, error = futures[future], future.result()
-            if error:
-                failed.append(cell)
-                print(f"\ncell {cell.id} ({cell.label}) failed: {error}", file=sys.stderr)
-            progress.show(k, f"cell {cell.id} {'failed' if error else 'done'}")
+    # real cells time this machine: they run alone, after the simulated ones (here)
+    alone = [] if ray else [c for c in todo if c.mode == "run"]
+    for batch, width in (([c for c in todo if c not in alone], jobs), (alone, 1)):
+        with ThreadPoolExecutor(max_workers=width) as pool:
+            futures = {pool.submit(run_cell, root, c, ray): c for c in batch}
+            for future in as_completed(futures):
+                cell, error = futures[future], future.result()
+                if error:
+                    failed.append(cell)
+                    print(f"\ncell {cell.id} ({cell.label}) failed: {error}", file=sys.stderr)
+                finished += 1
+                progress.show(finished, f"cell {cell.id} {'failed' if error else 'done'}")
     progress.close()
-    finished = [cell_dir(root, c) for c in matrix if done(root, c)]
-    if finished:
-        written = write_report([load_run(d) for d in finished], root / "report",
+    complete = [cell_dir(root, c) for c in matrix if done(root, c)]
+    if complete:
+        written = write_report([load_run(d) for d in complete], root / "report",
                                title=f"fastsgd bench {Path(spec).name}")
         print(f"report: {', '.join(p.name for p in written)} in {root / 'report'}",
               file=sys.stderr)

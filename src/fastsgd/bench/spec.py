@@ -12,7 +12,8 @@
     network = [{bandwidth = "1Gbit"}, {bandwidth = "100Mbit", latency = "20ms"}]
 
 An axis named by a section alone takes tables, each merged into that section, for keys that
-vary together (a strategy and its topology, a network's bandwidth and latency).
+vary together (a strategy and its topology, a network's bandwidth and latency); a table's
+`label` names it in the cell's label instead of its values.
 
 A cell's id is a hash of its mode and its resolved configuration (where it is written
 aside), so a bench that is run again skips the cells it has done, and two specs that
@@ -56,10 +57,10 @@ class Cell:
 def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any]]]:
     """(mode, base configuration, axes) of a spec file, checked."""
     spec = cfg.read_toml(Path(path))
-    unknown = sorted(set(spec) - {"bench", "base", "axes"})
+    unknown = sorted(set(spec) - {"bench", "base", "axes", "doc"})
     if unknown:
         raise ConfigError(f"{path}: unknown section [{unknown[0]}]; a spec has [bench], "
-                          "[base] and [axes]")
+                          "[base], [axes] and [doc] (free text for experiments/)")
     mode = spec.get("bench", {}).get("mode", "simulate")
     if mode not in MODES:
         raise ConfigError(f"bench.mode = {mode!r}: use 'simulate' or 'run'")
@@ -87,6 +88,7 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
             if not isinstance(table, dict):
                 raise ConfigError(f"axes.{key}: a section's values are tables, e.g. "
                                   f"{{name = ...}}; or name a key as {key}.KEY")
+            table = {k: v for k, v in table.items() if k != "label"}  # the value's name
             for name in table:
                 if section not in cfg.SCHEMA or (name not in cfg.SCHEMA[section]
                                                  and section not in cfg.OPEN_SECTIONS):
@@ -109,7 +111,7 @@ def _mode(value: Any) -> str:
 
 def _describe(keys: list[str], values: tuple[Any, ...]) -> str:
     def show(key: str, value: Any) -> str:
-        if isinstance(value, dict):  # a section's table: its values, in order
-            return f"{key}=" + "/".join(str(v) for v in value.values())
-        return f"{key}={value}"
+        if isinstance(value, dict):  # a section's table: its label, or its values in order
+            value = value.get("label") or "/".join(str(v) for v in value.values())
+        return f"{key}={value}".replace(" ", "")  # one word per axis
     return " ".join(show(k, v) for k, v in zip(keys, values)) or "(the base)"
