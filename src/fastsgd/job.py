@@ -146,7 +146,11 @@ class Job:
         if compute is None:
             _check_compute(config["compute"], n, seed)
         faults = Faults.parse(config["faults"], n)  # before the run directory exists
-        faults.check_run(self._strategy_object(config), self._codec(config), config)
+        strategy = self._strategy_object(config)
+        if getattr(strategy, "REAL_ONLY", False):
+            raise ConfigError(f"strategy.name = '{strategy.name}' runs on real processes only "
+                              "(fastsgd run); in the simulator, allreduce is the same algorithm")
+        faults.check_run(strategy, self._codec(config), config)
         plan = self.plan(config, simulated=True)
         if compute is None and needs_profile(config["compute"]):
             plan.config = cfg.merged(plan.config, compute=profile(plan))

@@ -56,6 +56,9 @@ class Replica:
         check_same_model(model, transport)
         self.broadcast_from(0)
         self.state: dict[str, Any] = strategy.init(self.params, self.ctx)
+        # what the step runs forward through: the model, or a strategy's wrapper of it (ddp)
+        wrap = getattr(strategy, "wrap", None)
+        self.forward_module = wrap(model, self.ctx) if wrap is not None else model
 
     @property
     def transport(self) -> Transport:

@@ -209,7 +209,7 @@ class _Loop:
         x, y = x.to(t.device, non_blocking=True), y.to(t.device, non_blocking=True)
         t2 = now()
         self.optimizer.zero_grad()
-        loss = self.plan.step(self.model, (x, y))
+        loss = self.plan.step(self.replica.forward_module, (x, y))
         t.compute("forward", k)
         t3 = now()
         value = float(loss.detach())

@@ -46,7 +46,8 @@ class _Busy:
         self.thread.join()
 
 
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("strategy", [name for name in STRATEGIES  # not ddp: torch's own
+                                      if not getattr(STRATEGIES.get(name), "REAL_ONLY", False)])
 def test_same_config_same_bits(strategy, synthetic, tmp_path):
     first = _run(synthetic, tmp_path / "a", strategy)
     with _Busy():

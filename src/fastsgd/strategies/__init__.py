@@ -7,6 +7,7 @@ from fastsgd.strategies.allreduce import AllReduce
 from fastsgd.strategies.async_gossip import ADPSGD, SGP
 from fastsgd.strategies.averaging import BMUF, EASGD, LocalSGD
 from fastsgd.strategies.base import Context, Strategy
+from fastsgd.strategies.ddp import DDP
 from fastsgd.strategies.diloco import DiLoCo
 from fastsgd.strategies.gossip import DPSGD
 from fastsgd.strategies.hogwild import Hogwild
@@ -16,10 +17,10 @@ from fastsgd.strategies.tournament import Tournament
 
 STRATEGIES = Registry("strategy", "strategy", {
     cls.name: cls for cls in (AllReduce, StaleSynchronous, LocalSGD, EASGD, BMUF, DPSGD, ADPSGD,
-                              SGP, ParameterServer, Hogwild, Tournament, DiLoCo)})
+                              SGP, ParameterServer, Hogwild, Tournament, DiLoCo, DDP)})
 validate_options = STRATEGIES.validate
 build_strategy = STRATEGIES.build
 
-__all__ = ["ADPSGD", "BMUF", "DPSGD", "EASGD", "SGP", "STRATEGIES", "AllReduce", "Context",
+__all__ = ["ADPSGD", "BMUF", "DDP", "DPSGD", "EASGD", "SGP", "STRATEGIES", "AllReduce", "Context",
            "DiLoCo", "Hogwild", "LocalSGD", "ParameterServer", "StaleSynchronous", "Strategy",
            "Tournament", "build_strategy", "validate_options"]

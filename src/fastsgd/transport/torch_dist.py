@@ -328,6 +328,16 @@ class TorchTransport:
         elif group is not None:
             dist.destroy_process_group(group)
 
+    def process_group(self) -> dist.ProcessGroup:
+        """The group this transport's collectives run on, for torch's own
+        DistributedDataParallel (the `ddp` baseline strategy), which then says what it sent
+        with `count`."""
+        return self._group
+
+    def count(self, sent: int, received: int) -> None:
+        """Bytes moved on this transport's group by code other than the transport's own."""
+        self._count(sent, received)
+
     def _count(self, sent: int, received: int) -> None:
         with self._received_lock:  # the receiver thread counts too
             self.bytes_sent += sent
