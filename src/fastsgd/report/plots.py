@@ -68,7 +68,7 @@ def consensus_vs_time(runs: list[RunData]) -> bytes | None:
 
 
 def breakdown(table: list[dict[str, Any]]) -> bytes | None:
-    """Stacked bars: the median time per step of each phase, one bar per run."""
+    """Stacked bars: the mean time per step of each phase, one bar per run."""
     if not table:
         return None
 
@@ -79,7 +79,7 @@ def breakdown(table: list[dict[str, Any]]) -> bytes | None:
             widths = [r[f"{phase}_ms"] for r in table]
             ax.barh(labels, widths, left=left, label=phase)
             left = [a + b for a, b in zip(left, widths)]
-        ax.set_xlabel("ms per step (median over workers and steps)")
+        ax.set_xlabel("ms per step (mean over workers and steps)")
         ax.invert_yaxis()
         ax.legend(fontsize="small", ncols=len(PHASES), loc="upper center",
                   bbox_to_anchor=(0.5, -0.18))

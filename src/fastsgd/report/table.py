@@ -32,7 +32,9 @@ def rows(runs: list[RunData]) -> list[dict[str, Any]]:
 
 def _row(run: RunData) -> dict[str, Any]:
     s = run.summary
-    phases = phase_breakdown(run.metrics)
+    # the mean, not the median: a strategy that communicates every k-th step (localsgd,
+    # diloco) pays for it in a few steps, which a median would leave out
+    phases = phase_breakdown(run.metrics, statistics.fmean)
     step_time = sum(phases.values())
     return {
         "run": run.title, "strategy": s["strategy"], "codec": s["compressor"],
@@ -144,7 +146,7 @@ MARKDOWN = (  # header, how to show a row's value
     ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
     ("bytes sent", lambda r: human_bytes(r["bytes_sent"])),
     ("comm. overhead", lambda r: _maybe(r["comm_overhead"], "{:.0%}")),
-    ("step (ms): " + " / ".join(PHASES),
+    ("mean step (ms): " + " / ".join(PHASES),
      lambda r: " / ".join(f"{r[p + '_ms']:.2f}" for p in PHASES)),
     ("consensus", lambda r: f"{r['consensus_distance']:.3g}"),
     ("scaling eff.", lambda r: _maybe(r["scaling_efficiency"], "{:.0%}")),

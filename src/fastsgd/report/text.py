@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
 from fastsgd.metrics import PHASES, read_jsonl
 
 
-def phase_breakdown(metrics: list[dict]) -> dict[str, float]:
-    """Median seconds per step of each phase, over all workers and logged steps
-    (the first step, which pays one-time costs, is left out when there are others)."""
+def phase_breakdown(metrics: list[dict], average: Callable = median) -> dict[str, float]:
+    """Seconds per step of each phase, the median (or `average`) over all workers and
+    logged steps (the first step, which pays one-time costs, is left out when there are
+    others)."""
     rows = [m for m in metrics if m["step"] > 1] or metrics
-    return {p: median(m[p] for m in rows) for p in PHASES} if rows else {}
+    return {p: average([m[p] for m in rows]) for p in PHASES} if rows else {}
 
 
 def human_bytes(n: float) -> str:
