@@ -60,8 +60,9 @@ def epochs_to_target(run: RunData) -> float | None:
 
 
 def job_key(run: RunData, ignore: tuple[str, ...] = ("workers", "out")) -> str:
-    """The run's configuration but for the run.* keys in `ignore`, where it is written and,
-    with a profiled compute model, the times each run measured: runs of one job match."""
+    """The run's mode (real or simulated) and configuration but for the run.* keys in
+    `ignore`, where it is written and, with a profiled compute model, the times each run
+    measured: runs of one job match."""
     config = copy.deepcopy(run.config)
     for key in ignore:
         config.get("run", {}).pop(key, None)
@@ -69,7 +70,7 @@ def job_key(run: RunData, ignore: tuple[str, ...] = ("workers", "out")) -> str:
     if compute.get("model") == "profile":
         for key in PROFILED:
             compute.pop(key, None)
-    return json.dumps(config, sort_keys=True, default=str)
+    return json.dumps([run.summary.get("mode"), config], sort_keys=True, default=str)
 
 
 def scaling_efficiency(runs: list[RunData]) -> list[float | None]:
