@@ -111,3 +111,15 @@ def test_the_page_renders_in_headless_chromium(bench, tmp_path):
     broken.write_text(page.read_text().replace("base64,", "base64,AAAA"))
     text, blue, orange = _screenshot(broken, tmp_path / "broken.png")
     assert text > 0.005 and blue < 0.0001 and orange < 0.0001, (text, blue, orange)
+
+
+def test_repeats_are_runs_of_one_job_in_one_mode(bench):
+    from dataclasses import replace
+
+    from fastsgd.report.table import over_seeds
+
+    run = load_run(bench / "two")
+    other_seed = replace(run, config={**run.config, "run": {**run.config["run"], "seed": 9}})
+    assert [r["seeds"] for r in over_seeds([run, other_seed])] == [2]
+    real = replace(other_seed, summary={**run.summary, "mode": "real"})
+    assert over_seeds([run, real]) == []  # a simulation and a real run are not repeats
