@@ -14,6 +14,7 @@ reader needs `pip install fastsgd[tensorboard]`."""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from fastsgd.metrics import read_jsonl
 
+FLOAT_MAX = 3.4028234663852886e38
 PREFIX = "events.out.tfevents."
 SUFFIX = ".fastsgd"  # ours: replaced when the run is written again (a resumed run)
 PER_RANK = ("loss", "bytes_sent", "bytes_received", "staleness")
@@ -80,6 +82,8 @@ def event(wall_time: float, step: int = 0, tag: str | None = None, value: float 
     out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
     if version is not None:
         return out + _field(3, version.encode())
+    if math.isfinite(value) and abs(value) > FLOAT_MAX:  # beyond float32: infinite
+        value = math.copysign(math.inf, value)
     scalar = _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value)
     return out + _field(5, _field(1, scalar))
 

@@ -61,6 +61,9 @@ def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any
     if unknown:
         raise ConfigError(f"{path}: unknown section [{unknown[0]}]; a spec has [bench], "
                           "[base], [axes] and [doc] (free text for experiments/)")
+    for section in ("bench", "base", "axes"):
+        if not isinstance(spec.get(section, {}), dict):
+            raise ConfigError(f"{path}: [{section}] must be a table of key = value")
     mode = spec.get("bench", {}).get("mode", "simulate")
     if mode not in MODES:
         raise ConfigError(f"bench.mode = {mode!r}: use 'simulate' or 'run'")
@@ -99,7 +102,9 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
             config = cfg.validate(raw)
         except ConfigError as e:
             raise ConfigError(f"the cell {_describe(keys, values)}: {e}") from None
-        out.append(Cell(cell_mode, config, tuple(zip(keys, values))))
+        cell = Cell(cell_mode, config, tuple(zip(keys, values)))
+        if all(cell.id != c.id for c in out):  # the same run twice is one cell
+            out.append(cell)
     return out
 
 

@@ -87,19 +87,22 @@ def breakdown(table: list[dict[str, Any]]) -> bytes | None:
 
 
 def scaling(table: list[dict[str, Any]]) -> bytes | None:
-    """Scaling efficiency against workers, one line per strategy and codec."""
-    curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    """Scaling efficiency against workers, one line per job (its runs at other worker
+    counts), the mean over its seeds."""
+    points: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    names: dict[str, str] = {}
     for r in table:
         if r["scaling_efficiency"] is not None:
-            curves[f"{r['strategy']}/{r['codec']}"].append((r["workers"],
-                                                           r["scaling_efficiency"]))
-    curves = {k: sorted(v) for k, v in curves.items() if len(v) > 1}
+            points[r["job"]][r["workers"]].append(r["scaling_efficiency"])
+            names[r["job"]] = r["series"]
+    curves = {names[job]: sorted((n, sum(v) / len(v)) for n, v in by.items())
+              for job, by in points.items() if len(by) > 1}
     if not curves:
         return None
 
     def draw(ax: Any) -> None:
-        for name, points in curves.items():
-            xs, ys = zip(*points)
+        for name, line in curves.items():
+            xs, ys = zip(*line)
             ax.plot(xs, ys, marker="o", label=name)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("workers")

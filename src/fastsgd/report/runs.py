@@ -48,16 +48,19 @@ class RunData:
         return s["simulated_time"] if s["simulated_time"] is not None else s["wall_time"]
 
     def bytes_until(self) -> list[tuple[int, float]]:
-        """(step, bytes sent by all workers up to it), from the logged steps; with
-        run.log_every = k each logged step stands for k."""
-        every = self.config.get("run", {}).get("log_every", 1)
+        """(step, bytes sent by all workers up to it), from the logged steps. With
+        run.log_every = k only every k-th step is logged: the curve is then scaled to end
+        at the run's total (summary.json), exact at the end, estimated on the way."""
         per_step: dict[int, float] = {}
         for m in self.metrics:
-            per_step[m["step"]] = per_step.get(m["step"], 0.0) + m["bytes_sent"] * every
+            per_step[m["step"]] = per_step.get(m["step"], 0.0) + m["bytes_sent"]
         total, out = 0.0, []
         for step in sorted(per_step):
             total += per_step[step]
             out.append((step, total))
+        if self.config.get("run", {}).get("log_every", 1) > 1 and total > 0:
+            scale = self.summary["bytes_sent_total"] / total
+            out = [(step, sent * scale) for step, sent in out]
         return out
 
     def accuracy_by_bytes(self) -> list[tuple[float, float]]:
@@ -80,16 +83,18 @@ def load_run(path: str | Path) -> RunData:
     try:
         summary = json.loads((path / "summary.json").read_text())
         metrics, evals = read_jsonl(path / "metrics.jsonl"), read_jsonl(path / "eval.jsonl")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        environment = _json(path / "environment.json")
+        label = _json(path.parent / LABELS).get(path.name, "")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
         raise UserError(f"{path}: a damaged file ({e})") from None
     if not metrics:
         raise UserError(f"{path}: metrics.jsonl holds no steps")
     config = read_toml(path / "config.toml") if (path / "config.toml").is_file() else {}
-    env = path / "environment.json"
-    environment = json.loads(env.read_text()) if env.is_file() else {}
-    labels = path.parent / LABELS
-    label = json.loads(labels.read_text()).get(path.name, "") if labels.is_file() else ""
     return RunData(path, summary, config, metrics, evals, environment, label)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _natural(path: Path) -> list:

@@ -10,6 +10,7 @@ import io
 import json
 import math
 import statistics
+from dataclasses import replace
 from typing import Any
 
 from fastsgd.metrics import PHASES
@@ -25,16 +26,17 @@ COLUMNS = ("run", "strategy", "codec", "workers", "steps", "clock", "final_accur
 
 def rows(runs: list[RunData]) -> list[dict[str, Any]]:
     out = [_row(r) for r in runs]
-    for row, eff in zip(out, scaling_efficiency(runs)):
+    for row, run, eff in zip(out, runs, scaling_efficiency(runs)):
         row["scaling_efficiency"] = eff
+        # which curve of the scaling plot: the same job at other worker counts and seeds
+        row["series"] = _without(run, ("run.seed=", "run.workers="))
+        row["job"] = job_key(run, ("workers", "out", "seed"))
     return out
 
 
 def _row(run: RunData) -> dict[str, Any]:
     s = run.summary
-    # the mean, not the median: a strategy that communicates every k-th step (localsgd,
-    # diloco) pays for it in a few steps, which a median would leave out
-    phases = phase_breakdown(run.metrics, statistics.fmean)
+    phases = phase_breakdown(run.metrics)
     step_time = sum(phases.values())
     return {
         "run": run.title, "strategy": s["strategy"], "codec": s["compressor"],
@@ -74,13 +76,21 @@ def job_key(run: RunData, ignore: tuple[str, ...] = ("workers", "out")) -> str:
 
 
 def scaling_efficiency(runs: list[RunData]) -> list[float | None]:
-    """Throughput at n workers / (n x throughput of the 1-worker run of the same job);
-    None without one."""
-    single = {job_key(r): r.summary["samples_per_second"] for r in runs
-              if r.summary["workers"] == 1}
+    """Throughput at n workers / (n x throughput of the 1-worker run of the same job); at
+    one worker every strategy is plain SGD, so without a 1-worker run of its own a run is
+    measured against one of another strategy or codec, the rest alike. None without one."""
+    def key(run: RunData, any_strategy: bool) -> str:
+        if not any_strategy:
+            return job_key(run)
+        bare = replace(run, config={k: v for k, v in run.config.items()
+                                    if k not in ("strategy", "compression")})
+        return job_key(bare)
+
+    single = {key(r, loose): r.summary["samples_per_second"] for loose in (False, True)
+              for r in runs if r.summary["workers"] == 1}
     out: list[float | None] = []
     for r in runs:
-        base = single.get(job_key(r))
+        base = single.get(key(r, False)) or single.get(key(r, True))
         out.append(r.summary["samples_per_second"] / (r.summary["workers"] * base)
                    if base else None)
     return out
@@ -98,7 +108,7 @@ def mlperf_score(values: list[float | None]) -> float | None:
     return None if math.inf in times else statistics.fmean(times)
 
 
-SEED_COLUMNS = ("cell", "seeds", "accuracy_mean", "accuracy_sd", "time_to_target_s",
+SEED_COLUMNS = ("cell", "seeds", "target", "accuracy_mean", "accuracy_sd", "time_to_target_s",
                 "epochs_to_target", "samples_per_s", "clock")
 
 
@@ -112,7 +122,8 @@ def over_seeds(runs: list[RunData]) -> list[dict[str, Any]]:
     for group in (g for g in groups.values() if len(g) > 1):
         accuracy = [r.summary["final_accuracy"] for r in group]
         out.append({
-            "cell": _without_seed(group[0]), "seeds": len(group),
+            "cell": _without(group[0], ("run.seed=",)), "seeds": len(group),
+            "target": group[0].summary.get("target_accuracy"),
             "accuracy_mean": statistics.fmean(accuracy), "accuracy_sd": statistics.stdev(accuracy),
             "time_to_target_s": mlperf_score([r.summary["time_to_target"] for r in group]),
             "epochs_to_target": mlperf_score([epochs_to_target(r) for r in group]),
@@ -121,16 +132,19 @@ def over_seeds(runs: list[RunData]) -> list[dict[str, Any]]:
     return out
 
 
-def _without_seed(run: RunData) -> str:
+def _without(run: RunData, axes: tuple[str, ...]) -> str:
+    """The run's label less some axes; without a label, its strategy and codec (and its
+    workers, unless they are left out)."""
     if run.label:
-        return " ".join(p for p in run.label.split() if not p.startswith("run.seed="))
+        return " ".join(p for p in run.label.split() if not p.startswith(axes))
     s = run.summary
-    return f"{s['strategy']}/{s['compressor']} x{s['workers']}"
+    workers = "" if "run.workers=" in axes else f" x{s['workers']}"
+    return f"{s['strategy']}/{s['compressor']}{workers}"
 
 
 def to_csv(table: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     writer.writerows(table)
     return buffer.getvalue()
@@ -158,7 +172,8 @@ SEEDS_MARKDOWN = (
     ("cell", lambda r: r["cell"]),
     ("seeds", lambda r: str(r["seeds"])),
     ("accuracy (mean ± sd)", lambda r: f"{r['accuracy_mean']:.2%} ± {r['accuracy_sd']:.2%}"),
-    ("time to target (MLPerf)", lambda r: _seconds(r["time_to_target_s"], r["clock"])),
+    ("time to target (MLPerf)", lambda r: _seconds(r["time_to_target_s"], r["clock"])
+     if r["target"] else ""),
     ("epochs to target (MLPerf)", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),
     ("samples/s (mean)", lambda r: f"{r['samples_per_s']:,.0f}"),
 )

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
-from statistics import median
+from statistics import fmean
 
 from fastsgd.metrics import PHASES, read_jsonl
 
 
-def phase_breakdown(metrics: list[dict], average: Callable = median) -> dict[str, float]:
-    """Seconds per step of each phase, the median (or `average`) over all workers and
-    logged steps (the first step, which pays one-time costs, is left out when there are
-    others)."""
+def phase_breakdown(metrics: list[dict]) -> dict[str, float]:
+    """Seconds per step of each phase, the mean over all workers and logged steps (the
+    first step, which pays one-time costs, is left out when there are others). The mean,
+    not the median: a strategy that communicates every k-th step (localsgd, diloco) pays
+    for it in those steps, which a median would leave out."""
     rows = [m for m in metrics if m["step"] > 1] or metrics
-    return {p: average([m[p] for m in rows]) for p in PHASES} if rows else {}
+    return {p: fmean(m[p] for m in rows) for p in PHASES} if rows else {}
 
 
 def human_bytes(n: float) -> str:
