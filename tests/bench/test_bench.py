@@ -109,3 +109,29 @@ def test_a_failed_cell_is_named_and_the_others_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "1 of 2 cells failed" in err and "data.path" in err
     assert len(list(out.glob("cells/*/summary.json"))) == 1
+
+
+@pytest.mark.multiproc
+def test_ctrl_c_stops_the_bench_and_the_same_command_goes_on(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    text = SPEC.replace("run.steps = 30", "run.steps = 300").replace(
+        '["allreduce", "dpsgd"]', '["allreduce"]')
+    spec, out = _spec(tmp_path, text), tmp_path / "b"
+    command = [sys.executable, "-m", "fastsgd", "bench", str(spec), "--out", str(out),
+               "--quiet"]
+    bench = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    while not list(out.glob("cells/*.toml")):  # the first cell has started
+        time.sleep(0.1)
+    time.sleep(1.0)
+    bench.send_signal(signal.SIGINT)  # to the bench alone, not its cells' process group
+    _, err = bench.communicate(timeout=60)
+    assert bench.returncode == 130, err
+    assert err.strip().splitlines()[-1] == ("fastsgd: bench interrupted: 0 of 3 cells done; "
+                                            "the same command goes on with the others")
+    assert len(list(out.glob("cells/*.toml"))) == 1  # the queued cells never started
+    assert subprocess.run(command, capture_output=True, timeout=300).returncode == 0
+    assert len(list(out.glob("cells/*/summary.json"))) == 3

@@ -34,10 +34,15 @@ SAME = ("model.pt", "metrics.jsonl", "eval.jsonl")
 def local_ray():
     # Ray's workers import fastsgd: from this checkout, as the tests do
     src = str(Path(__file__).resolve().parents[2] / "src")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [src, before]))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+    if before is None:
+        del os.environ["PYTHONPATH"]
+    else:
+        os.environ["PYTHONPATH"] = before
 
 
 @pytest.mark.multiproc
@@ -60,7 +65,8 @@ def test_ray_cells_are_the_bits_of_local_cells(local_ray, tmp_path):
 def test_an_unreachable_ray_address_is_one_line(tmp_path, capsys):
     spec = tmp_path / "sweep.toml"
     spec.write_text(SPEC)
-    ray.shutdown()  # so that the bench must connect itself
+    ray.shutdown()  # so that the bench must connect itself (any instance of this process
+    # is gone: the test of the other cells uses its own, and has finished)
     assert main(["bench", str(spec), "--ray", "127.0.0.1:1", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--ray 127.0.0.1:1: cannot reach a Ray cluster" in err, err

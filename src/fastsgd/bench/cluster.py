@@ -4,8 +4,9 @@ returns the run directory as a tar.gz archive, which the driver unpacks into
 BENCH_DIR/cells/ID: no shared filesystem is needed. Every node needs fastsgd and torch
 (`pip install "fastsgd[ray]"`), and the datasets the spec names.
 
-Simulated cells are deterministic, so a cell's files are the same bits whichever node ran
-it; real cells measure the node they ran on."""
+Simulated cells with a fixed compute model are deterministic, so a cell's files are the same
+bits whichever node ran it; real cells, and simulated ones that profile or measure compute,
+measure the node they ran on."""
 
 from __future__ import annotations
 
@@ -73,11 +74,27 @@ def _run_remotely(mode: str, config_toml: str) -> tuple[int, str, bytes]:
 
 def run_cell_on_ray(ray: Any, folder: Path, cell: Cell) -> tuple[int, str]:
     """Run `cell` as a Ray task and unpack its run directory into `folder`."""
-    task = ray.remote(max_retries=RETRIES)(_run_remotely)
+    # a real cell's workers are processes of their own: it reserves a CPU for each
+    cpus = cell.config["run"]["workers"] if cell.mode == "run" else 1
+    task = ray.remote(max_retries=RETRIES, num_cpus=cpus)(_run_remotely)
     code, output, archive = ray.get(task.remote(cell.mode, cfg.to_toml(cell.config)))
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     if archive:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-            tar.extractall(folder, filter="data")  # no links or paths out of the folder
+            _extract(tar, folder)
     return code, output
+
+
+def _extract(tar: tarfile.TarFile, folder: Path) -> None:
+    """Unpack plain files and folders only, none outside `folder` (tarfile's "data" filter
+    where this Python has it: 3.10.12, 3.11.4 and later)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(folder, filter="data")
+        return
+    for member in tar.getmembers():
+        target = (folder / member.name).resolve()
+        if not (member.isfile() or member.isdir()) or not target.is_relative_to(
+                folder.resolve()):
+            raise UserError(f"a Ray task returned an archive with {member.name!r} in it")
+    tar.extractall(folder)

@@ -7,8 +7,10 @@ others go on."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 from fastsgd import config as cfg
 from fastsgd.bench.cluster import connect, run_cell_on_ray
 from fastsgd.bench.spec import Cell, cells, load_spec
-from fastsgd.errors import UserError
+from fastsgd.errors import Interrupted, UserError
 from fastsgd.metrics import write_json
 from fastsgd.progress import Progress
 from fastsgd.report import load_run, write_report
@@ -53,22 +55,13 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
     where = f"on the Ray cluster {ray_address}" if ray else f"{jobs} at a time"
     print(f"bench {spec}: {len(matrix)} cells, {len(matrix) - len(todo)} done before, "
           f"{len(todo)} to run, {where}, in {root}", file=sys.stderr)
-    failed: list[Cell] = []
-    finished = 0
-    progress = Progress(len(todo), enabled=not quiet and bool(todo))
-    # real cells time this machine: they run alone, after the simulated ones (here)
-    alone = [] if ray else [c for c in todo if c.mode == "run"]
-    for batch, width in (([c for c in todo if c not in alone], jobs), (alone, 1)):
-        with ThreadPoolExecutor(max_workers=width) as pool:
-            futures = {pool.submit(run_cell, root, c, ray): c for c in batch}
-            for future in as_completed(futures):
-                cell, error = futures[future], future.result()
-                if error:
-                    failed.append(cell)
-                    print(f"\ncell {cell.id} ({cell.label}) failed: {error}", file=sys.stderr)
-                finished += 1
-                progress.show(finished, f"cell {cell.id} {'failed' if error else 'done'}")
-    progress.close()
+    try:
+        failed = _run_all(root, todo, jobs, ray, quiet)
+    except KeyboardInterrupt:
+        _stop_cells()
+        finished = sum(done(root, c) for c in matrix)
+        raise Interrupted(f"bench interrupted: {finished} of {len(matrix)} cells done; the "
+                          "same command goes on with the others") from None
     complete = [cell_dir(root, c) for c in matrix if done(root, c)]
     if complete:
         written = write_report([load_run(d) for d in complete], root / "report",
@@ -79,6 +72,54 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
         print(f"{len(failed)} of {len(matrix)} cells failed: {', '.join(c.id for c in failed)} "
               f"(their logs: {root / 'cells'}/ID.log)", file=sys.stderr)
     return len(failed)
+
+
+def timed(cell: Cell) -> bool:
+    """A cell whose results depend on this machine's speed: real processes, or a simulation
+    that measures compute (profile, measured). Here, they run alone."""
+    return cell.mode == "run" or cell.config["compute"]["model"] != "fixed"
+
+
+def _run_all(root: Path, todo: list[Cell], jobs: int, ray: Any, quiet: bool) -> list[Cell]:
+    failed: list[Cell] = []
+    finished = 0
+    progress = Progress(len(todo), enabled=not quiet and bool(todo))
+    alone = [] if ray else [c for c in todo if timed(c)]  # after the others, one at a time
+    for batch, width in (([c for c in todo if c not in alone], jobs), (alone, 1)):
+        pool = ThreadPoolExecutor(max_workers=width)
+        try:
+            futures = {pool.submit(run_cell, root, c, ray): c for c in batch}
+            for future in as_completed(futures):
+                cell, error = futures[future], future.result()
+                if error:
+                    failed.append(cell)
+                    print(f"\ncell {cell.id} ({cell.label}) failed: {error}", file=sys.stderr)
+                finished += 1
+                progress.show(finished, f"cell {cell.id} {'failed' if error else 'done'}")
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: queued cells never start
+    progress.close()
+    return failed
+
+
+_running: set[subprocess.Popen] = set()  # the cells' processes, for Ctrl-C
+_lock = threading.Lock()
+
+
+def _stop_cells(within: float = 10.0) -> None:
+    """Ctrl-C: each running cell is interrupted (it writes a checkpoint, as `fastsgd run`
+    and `simulate` do on Ctrl-C), then killed if it has not stopped `within` seconds."""
+    with _lock:
+        procs = list(_running)
+    for proc in procs:
+        proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + within
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def cell_dir(root: Path, cell: Cell) -> Path:
@@ -96,17 +137,32 @@ def run_cell(root: Path, cell: Cell, ray: Any = None) -> str | None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if ray is not None:
-        code, output = run_cell_on_ray(ray, folder, cell)
+        try:
+            code, output = run_cell_on_ray(ray, folder, cell)
+        except Exception as e:  # noqa: BLE001 - Ray's: the task failed, its retries too
+            code, output = 1, f"the Ray task failed: {str(e).strip() or type(e).__name__}"
     else:
         spec = folder.parent / f"{cell.id}.toml"
         spec.write_text(cfg.to_toml(cell.config))
-        proc = subprocess.run([sys.executable, "-m", "fastsgd", cell.mode, str(spec),
-                               "--quiet", "--overwrite", "--set", f"run.out={folder}"],
-                              capture_output=True, text=True)
-        code, output = proc.returncode, proc.stdout + proc.stderr
+        code, output = _process(cell.mode, spec, folder)
     (folder.parent / f"{cell.id}.log").write_text(
         f"# {cell.label}, {time.perf_counter() - start:.1f} s, exit {code}\n{output}")
     if code == 0:
         return None
     lines = output.strip().splitlines()[-ERROR_LINES:]
     return "\n  ".join(lines) or f"exit code {code}"
+
+
+def _process(mode: str, spec: Path, folder: Path) -> tuple[int, str]:
+    """`fastsgd MODE SPEC` writing into `folder`: (exit code, output)."""
+    proc = subprocess.Popen([sys.executable, "-m", "fastsgd", mode, str(spec), "--quiet",
+                             "--overwrite", "--set", f"run.out={folder}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with _lock:
+        _running.add(proc)
+    try:
+        output, _ = proc.communicate()
+    finally:
+        with _lock:
+            _running.discard(proc)
+    return proc.returncode, output

@@ -39,6 +39,8 @@ def write_report(runs: list[RunData], out: str | Path, title: str = "fastsgd rep
     limits the plots (a run's own small report draws fewer)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for old in ["seeds.csv", *(name for name, _, _ in plots.PLOTS)]:  # an earlier report's
+        (out / old).unlink(missing_ok=True)
     table, seeds = rows(runs), over_seeds(runs)
     markdown = f"# {title}\n\n{to_markdown(table)}"
     written = [_write(out / "report.csv", to_csv(table).encode())]
