@@ -167,6 +167,16 @@ def _cli(*args: str, kill: int | None = None, **env_vars: str) -> subprocess.Com
                           text=True, timeout=300, env=env)
 
 
+def _records(path: Path) -> int:
+    """How many TFRecords an event file holds (each: length, checksum, data, checksum)."""
+    data, count, at = path.read_bytes(), 0, 0
+    while at < len(data):
+        at += 8 + 4 + int.from_bytes(data[at:at + 8], "little") + 4
+        count += 1
+    assert at == len(data)
+    return count
+
+
 def _losses(run_dir: Path) -> list[tuple]:
     rows = fs.Result(None, run_dir).metrics()
     return sorted((r["step"], r["rank"], r["loss"], r["bytes_sent"]) for r in rows)
@@ -197,7 +207,8 @@ def test_real_processes_resume_bitwise_after_kill_9(tmp_path, strategy, codec):
     assert _losses(tmp_path / "a") == _losses(tmp_path / "b")
     # the resumed run's TensorBoard events replace the first part's: one file, every step
     events = list((tmp_path / "b").glob("events.out.tfevents.*"))
-    assert len(events) == 1 and events[0].stat().st_size > 0
+    evals = len(fs.Result(None, tmp_path / "b").evals())
+    assert len(events) == 1 and _records(events[0]) == 1 + 2 * 100 * 4 + 3 * evals
 
 
 def test_a_complete_run_resumes_only_to_train_longer(tmp_path):
