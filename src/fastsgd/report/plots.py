@@ -14,13 +14,15 @@ from fastsgd.metrics import PHASES
 from fastsgd.report.runs import RunData
 
 WIDTH, HEIGHT, DPI = 7.0, 4.0, 100
+LEGEND_MAX = 12  # curves named in a legend
 
 
-def _figure(draw: Callable[[Any], None]) -> bytes:
+def _figure(draw: Callable[[Any], None], height: float = HEIGHT,
+            width: float = WIDTH) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(WIDTH, HEIGHT), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.grid(alpha=0.3)
@@ -45,7 +47,7 @@ def _lines(runs: list[RunData], series: Callable[[RunData], list[tuple[float, fl
         ax.set_ylabel(ylabel)
         if logx:
             ax.set_xscale("symlog")
-        ax.legend(fontsize="small")
+        _legend(ax, len(curves))
     return _figure(draw)
 
 
@@ -81,9 +83,11 @@ def breakdown(table: list[dict[str, Any]]) -> bytes | None:
             left = [a + b for a, b in zip(left, widths)]
         ax.set_xlabel("ms per step (mean over workers and steps)")
         ax.invert_yaxis()
-        ax.legend(fontsize="small", ncols=len(PHASES), loc="upper center",
-                  bbox_to_anchor=(0.5, -0.18))
-    return _figure(draw)
+        ax.legend(fontsize="small", ncols=len(PHASES), loc="lower center",
+                  bbox_to_anchor=(0.5, 1.0))
+    longest = max(len(r["run"]) for r in table)  # room for the labels beside the bars
+    return _figure(draw, height=max(HEIGHT, 1.5 + 0.45 * len(table)),
+                   width=WIDTH + 0.07 * longest)
 
 
 def scaling(table: list[dict[str, Any]]) -> bytes | None:
@@ -108,7 +112,7 @@ def scaling(table: list[dict[str, Any]]) -> bytes | None:
         ax.set_xlabel("workers")
         ax.set_ylabel("scaling efficiency (vs 1 worker)")
         ax.axhline(1.0, color="gray", linewidth=0.8)
-        ax.legend(fontsize="small")
+        _legend(ax, len(curves))
     return _figure(draw)
 
 
@@ -135,8 +139,15 @@ def staleness(runs: list[RunData]) -> bytes | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("staleness (steps)")
         ax.set_ylabel("share of worker-steps")
-        ax.legend(fontsize="small")
+        _legend(ax, len(counts))
     return _figure(draw)
+
+
+def _legend(ax: Any, curves: int) -> None:
+    if curves <= LEGEND_MAX:
+        ax.legend(fontsize="small")
+    else:  # more would hide the plot: the table names them
+        ax.set_title(f"{curves} runs (too many to name here: see the table)", fontsize="small")
 
 
 PLOTS = (  # file name, title, what draws it (from the runs or the table)
