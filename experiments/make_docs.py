@@ -19,6 +19,7 @@ from fastsgd.bench.runner import cell_dir, done, plan
 from fastsgd.config import read_toml
 from fastsgd.report import load_run, write_report
 from fastsgd.report.runs import RunData
+from fastsgd.report.table import scaling_efficiency
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parent / "docs"
@@ -30,11 +31,13 @@ def axes_of(run: RunData) -> dict[str, str]:
     return dict(part.split("=", 1) for part in run.label.split())
 
 
-def cell_text(run: RunData) -> str:
+def cell_text(run: RunData, efficiency: float | None) -> str:
     s = run.summary
     reached = (f"{s['time_to_target']:.1f} s" if s["time_to_target"] is not None
                else "not reached")
-    return f"{reached} · {s['final_accuracy']:.1%} · {s['samples_per_second'] / 1e3:,.0f}k/s"
+    text = f"{reached} · {s['final_accuracy']:.1%} · {s['samples_per_second'] / 1e3:,.0f}k/s"
+    return text + (f" · {efficiency:.0%}" if efficiency is not None and s["workers"] > 1
+                   else "")
 
 
 def pivot(runs: list[RunData], axes: list[str]) -> str:
@@ -47,12 +50,14 @@ def pivot(runs: list[RunData], axes: list[str]) -> str:
         row_values = _ordered(subset, rows)
         col_values = _ordered(subset, cols)
         by = {(axes_of(r)[rows], axes_of(r)[cols]): r for r in subset}
+        efficiency = dict(zip((r.path for r in runs), scaling_efficiency(runs)))
         if page:
             out.append(f"**{page[0]} = {value}**\n")
         out.append(f"| {rows} \\ {cols} | " + " | ".join(col_values) + " |")
         out.append("|---|" + "---|" * len(col_values))
         for rv in row_values:
-            cells = [cell_text(by[rv, cv]) if (rv, cv) in by else "" for cv in col_values]
+            cells = [cell_text(by[rv, cv], efficiency[by[rv, cv].path]) if (rv, cv) in by
+                     else "" for cv in col_values]
             out.append(f"| {rv} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
@@ -94,7 +99,8 @@ def section(name: str, jobs: int) -> str:
              f"Spec: [experiments/{name}.toml](../experiments/{name}.toml), "
              f"{len(runs)} of {len(matrix)} cells. Each cell: time to "
              f"{runs[0].summary['target_accuracy']:.0%} on the run's clock · final accuracy · "
-             "samples per second (all workers).", "", pivot(runs, doc["pivot"])]
+             "samples per second (all workers) · scaling efficiency, where a 1-worker run of "
+             "the job is in the spec.", "", pivot(runs, doc["pivot"])]
     for plot in doc.get("plots", []):
         source = out_dir / "report" / plot
         if source.exists():
