@@ -35,7 +35,8 @@ def cell_text(run: RunData, efficiency: float | None) -> str:
     s = run.summary
     reached = (f"{s['time_to_target']:.1f} s" if s["time_to_target"] is not None
                else "not reached")
-    text = f"{reached} · {s['final_accuracy']:.1%} · {s['samples_per_second'] / 1e3:,.0f}k/s"
+    rate = s["samples_per_second"] / 1e3
+    text = f"{reached} · {s['final_accuracy']:.1%} · {rate:,.{0 if rate >= 10 else 1}f}k/s"
     return text + (f" · {efficiency:.0%}" if efficiency is not None and s["workers"] > 1
                    else "")
 
@@ -44,7 +45,7 @@ def pivot(runs: list[RunData], axes: list[str]) -> str:
     """Tables of rows by columns (a third axis, if any, makes one table per value)."""
     rows, cols, *page = axes
     out = []
-    pages = sorted({axes_of(r).get(page[0], "") for r in runs}, key=_first_seen(runs, page))
+    pages = _ordered(runs, page[0]) if page else [""]
     for value in pages:
         subset = [r for r in runs if not page or axes_of(r)[page[0]] == value]
         row_values = _ordered(subset, rows)
@@ -70,11 +71,6 @@ def _ordered(runs: list[RunData], axis: str) -> list[str]:
         if value not in seen:
             seen.append(value)
     return seen
-
-
-def _first_seen(runs: list[RunData], page: list[str]):
-    order = _ordered(runs, page[0]) if page else [""]
-    return order.index
 
 
 def readings() -> dict[str, str]:
