@@ -1,4 +1,5 @@
-"""`fastsgd run|simulate|demo`: the command line. User errors end in one line, exit code 2."""
+"""`fastsgd run|simulate|demo|report|bench|topology|keys`: the command line. User errors end in one
+line, exit code 2."""
 
 from __future__ import annotations
 

@@ -123,7 +123,10 @@ def test_ctrl_c_stops_the_bench_and_the_same_command_goes_on(tmp_path):
     spec, out = _spec(tmp_path, text), tmp_path / "b"
     command = [sys.executable, "-m", "fastsgd", "bench", str(spec), "--out", str(out),
                "--quiet"]
-    bench = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C's default action, even where this test runs in the background (a shell's
+    # background job starts with SIGINT ignored, and Python then installs no handler)
+    bench = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while not list(out.glob("cells/*.toml")):  # the first cell has started
         time.sleep(0.1)
     time.sleep(1.0)
