@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fastsgd import config as cfg
-from fastsgd.bench.spec import Cell
+from fastsgd.bench.spec import Cell, command
 from fastsgd.errors import UserError
 
 RETRIES = 2  # a task whose worker process or node died is run again this often
@@ -62,9 +62,7 @@ def _run_remotely(mode: str, config_toml: str) -> tuple[int, str, bytes]:
     with tempfile.TemporaryDirectory(prefix="fastsgd-cell-") as scratch:
         spec, out = Path(scratch) / "cell.toml", Path(scratch) / "run"
         spec.write_text(config_toml)
-        proc = subprocess.run([sys.executable, "-m", "fastsgd", mode, str(spec), "--quiet",
-                               "--overwrite", "--set", f"run.out={out}"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(command(mode, spec, out), capture_output=True, text=True)
         archive = io.BytesIO()
         if out.is_dir():
             with tarfile.open(fileobj=archive, mode="w:gz") as tar:

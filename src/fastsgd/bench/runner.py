@@ -18,7 +18,7 @@ from typing import Any
 
 from fastsgd import config as cfg
 from fastsgd.bench.cluster import connect, run_cell_on_ray
-from fastsgd.bench.spec import Cell, cells, load_spec
+from fastsgd.bench.spec import Cell, cells, command, load_spec
 from fastsgd.errors import Interrupted, UserError
 from fastsgd.metrics import write_json
 from fastsgd.progress import Progress
@@ -155,9 +155,8 @@ def run_cell(root: Path, cell: Cell, ray: Any = None) -> str | None:
 
 def _process(mode: str, spec: Path, folder: Path) -> tuple[int, str]:
     """`fastsgd MODE SPEC` writing into `folder`: (exit code, output)."""
-    proc = subprocess.Popen([sys.executable, "-m", "fastsgd", mode, str(spec), "--quiet",
-                             "--overwrite", "--set", f"run.out={folder}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command(mode, spec, folder), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     with _lock:
         _running.add(proc)
     try:

@@ -26,6 +26,7 @@ import copy
 import hashlib
 import itertools
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,13 @@ class Cell:
     @property
     def label(self) -> str:
         return _describe([k for k, _ in self.values], tuple(v for _, v in self.values))
+
+
+def command(mode: str, spec: Path, out: Path) -> list[str]:
+    """The process that runs a cell: `fastsgd MODE SPEC` writing its run directory to `out`
+    (here, or on a Ray worker)."""
+    return [sys.executable, "-m", "fastsgd", mode, str(spec), "--quiet", "--overwrite",
+            "--set", f"run.out={out}"]
 
 
 def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any]]]:
