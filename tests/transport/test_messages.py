@@ -199,7 +199,7 @@ class _Store:
 def test_an_unreachable_message_port_is_one_line_naming_the_peer_and_address():
     import socket
 
-    from fastsgd.transport.messages import _connect
+    from fastsgd.transport.connections import connect as _connect
 
     with socket.socket() as closed:  # a port nobody listens on
         closed.bind(("127.0.0.1", 0))
@@ -210,7 +210,7 @@ def test_an_unreachable_message_port_is_one_line_naming_the_peer_and_address():
 
 
 def test_a_peer_that_never_connects_is_one_line_naming_it():
-    from fastsgd.transport.messages import _connect
+    from fastsgd.transport.connections import connect as _connect
 
     with pytest.raises(UserError, match=r"worker 1: no message connection from worker 0 "
                                         r"within run.timeout = 0.2 s"):

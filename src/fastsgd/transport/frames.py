@@ -53,3 +53,8 @@ def step_of(words: torch.Tensor) -> int:
 
 def frame_bytes(tensor: torch.Tensor) -> int:
     return HEADER_BYTES + tensor.numel() * tensor.element_size()
+
+
+def as_bytes(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy."""
+    return memoryview(tensor.view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")

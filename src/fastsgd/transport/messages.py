@@ -37,12 +37,12 @@ from collections.abc import Callable
 
 import torch
 
-from fastsgd.errors import UserError
 from fastsgd.transport import frames
 from fastsgd.transport.base import PeerLost
+from fastsgd.transport.connections import connect
 
 SWITCH_INTERVAL = 0.0005  # s: how long a thread waits for the interpreter lock before asking
-HELLO_TAG, GOODBYE_TAG = -2, frames.STOP_TAG
+GOODBYE_TAG = frames.STOP_TAG
 
 
 class Mailbox:
@@ -156,14 +156,10 @@ class _Link:
 
     def expect_header(self) -> None:
         self.payload: tuple[int, torch.Tensor] | None = None  # (tag, tensor) once known
-        self.view, self.got = _bytes(self.header), 0
+        self.view, self.got = frames.as_bytes(self.header), 0
 
     def expect_payload(self, tag: int, payload: torch.Tensor) -> None:
-        self.payload, self.view, self.got = (tag, payload), _bytes(payload), 0
-
-
-def _bytes(tensor: torch.Tensor) -> memoryview:
-    return memoryview(tensor.view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
+        self.payload, self.view, self.got = (tag, payload), frames.as_bytes(payload), 0
 
 
 class Messenger:
@@ -184,7 +180,8 @@ class Messenger:
         # handler may message its own rank)
         self._dispatch_lock = threading.RLock()
         self.last_step: dict[int, int] = {}  # per peer: the step of its last whole frame
-        self._links = _connect(rank, world_size, store, key, host, timeout)
+        self._links = {peer: _Link(sock, peer) for peer, sock
+                       in connect(rank, world_size, store, key, host, timeout).items()}
         self._selector = selectors.DefaultSelector()
         for link in self._links.values():
             self._selector.register(link.sock, selectors.EVENT_READ, link)
@@ -232,10 +229,10 @@ class Messenger:
         try:
             while (frame := link.outbox.get()) is not None:
                 header, payload = frame
-                link.sock.sendall(_bytes(header))
+                link.sock.sendall(frames.as_bytes(header))
                 if payload.numel():
-                    link.sock.sendall(_bytes(payload))
-            link.sock.sendall(_bytes(frames.header(torch.zeros(0), GOODBYE_TAG)))
+                    link.sock.sendall(frames.as_bytes(payload))
+            link.sock.sendall(frames.as_bytes(frames.header(torch.zeros(0), GOODBYE_TAG)))
         except OSError:
             self.mailbox.lose(link.peer)
 
@@ -287,65 +284,3 @@ class Messenger:
         self._selector.close()
         for link in self._links.values():
             link.sock.close()
-
-
-def _connect(rank: int, world_size: int, store, key: str, host: str,
-             timeout: float) -> dict[int, _Link]:
-    """One connection per pair: each rank listens, publishes its address, connects to the
-    ranks above it and accepts those below (in any order: each says who it is first)."""
-    links: dict[int, _Link] = {}
-    if world_size == 1:
-        return links
-    with socket.create_server(("", 0), backlog=world_size) as listener:
-        store.set(f"{key}/{rank}", f"{host}:{listener.getsockname()[1]}")
-        for peer in range(rank + 1, world_size):
-            address, port = store.get(f"{key}/{peer}").decode().rsplit(":", 1)
-            sock = _reach(rank, peer, address, int(port), timeout)
-            hello = torch.tensor([rank])
-            sock.sendall(bytes(_bytes(frames.header(hello, HELLO_TAG))) + bytes(_bytes(hello)))
-            links[peer] = _Link(_tuned(sock), peer)
-        listener.settimeout(timeout)
-        while len(links) < world_size - 1:
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                missing = ", ".join(str(r) for r in range(rank) if r not in links)
-                raise UserError(f"worker {rank}: no message connection from worker {missing} "
-                                f"within run.timeout = {timeout:g} s (each worker's message "
-                                "port must be reachable: docs/multihost.md)") from None
-            sock.settimeout(None)
-            peer = _hello(_tuned(sock))
-            links[peer] = _Link(sock, peer)
-    return links
-
-
-def _reach(rank: int, peer: int, address: str, port: int, timeout: float) -> socket.socket:
-    try:
-        sock = socket.create_connection((address, port), timeout=timeout)
-    except OSError as e:
-        raise UserError(f"worker {rank} cannot reach worker {peer}'s message port at "
-                        f"{address}:{port} ({e.strerror or type(e).__name__}): it must be "
-                        "reachable between the machines (docs/multihost.md)") from None
-    sock.settimeout(None)
-    return sock
-
-
-def _tuned(sock: socket.socket) -> socket.socket:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers do not wait
-    return sock
-
-
-def _hello(sock: socket.socket) -> int:
-    """The rank a new connection says it comes from."""
-    words = torch.empty(frames.HEADER_WORDS + 1, dtype=torch.int64)
-    view = _bytes(words)
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionError("a peer closed its connection before saying who it is")
-        got += n
-    tag, numel, dtype = frames.parse(words[:frames.HEADER_WORDS], -1)
-    if tag != HELLO_TAG or numel != 1 or dtype != torch.int64:
-        raise frames.MalformedFrame("a connection to this worker did not start with a hello")
-    return int(words[-1])
