@@ -45,6 +45,8 @@ class Stop:
         self.stop_at = ctx.Value("q", 0, lock=False) if ctx else _Value()
         # 1 once a worker is connected to all its peers, so that they can go on without it
         self.ready = ctx.Array("b", workers, lock=False) if ctx else [1] * workers
+        # the step from which a worker started again in place of a lost one is back (0: none)
+        self.joined_at = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
 
     def request(self) -> int:
         """Set the step every worker stops after; returns it."""
@@ -184,6 +186,12 @@ def steps_done(rank: int) -> int | None:
     outside `fastsgd run`'s own workers and `fastsgd simulate`): for a worker that died,
     where it stopped."""
     return int(_SHARED.progress[rank]) if isinstance(_SHARED, Stop) else None
+
+
+def joined_at() -> list[int]:
+    """Per rank, the step from which a worker that took a lost one's place is back (the
+    latest such; 0: none), as the launcher set it; [] outside `fastsgd run`'s workers."""
+    return list(_SHARED.joined_at) if isinstance(_SHARED, Stop) else []
 
 
 def stop_after(rank: int, step: int) -> bool:

@@ -81,6 +81,7 @@ class SGP(_OnGraph):
         super().init(params, ctx)
         ctx.transport.start_messages()
         self._received = 0
+        self._since = 0  # the first step this process takes part in (a joiner's: later)
         self._codec = ctx.compressor
         self._step = 1.0 if self._codec.kind == "exact" else self.gamma
         self._fields = [*self._codec.FIELDS, "weight", "number"]
@@ -122,7 +123,7 @@ class SGP(_OnGraph):
         """Push a share of (x, w) to each out-neighbour; the peers and the share."""
         assert self.topology is not None
         t, z = ctx.transport, flatten(params)
-        gone = t.departed()  # no share for a lost peer: it stays here
+        gone = t.absent(ctx.step) | set(t.departed())  # no share for a lost peer: it stays
         peers = [p for p in self.topology.out_neighbors(t.rank, ctx.step) if p not in gone]
         share = state["weight"] * (self._step / (len(peers) + 1))
         for peer in peers:
@@ -162,10 +163,23 @@ class SGP(_OnGraph):
         self._hold(arrived, state)
 
     def in_flight_state(self) -> dict[str, Any]:
-        return {"received": self._received}
+        return {"received": self._received, "since": self._since}
 
     def load_in_flight(self, saved: dict[str, Any]) -> None:
-        self._received = saved["received"]
+        self._received, self._since = saved["received"], saved.get("since", 0)
+
+    def donate(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A worker joins in a lost one's place starting from this one's state (run.rejoin):
+        each keeps half the weight, so the mass is conserved and both de-bias to the
+        same model; the joiner's edges start afresh (its pushes are numbered from its join
+        step on, the receivers tell them apart by that)."""
+        state["weight"] = state["weight"] / 2
+        return {**state, "pushed": {}, "taken": {}, "held": {}, "sent": {}, "received": {}}
+
+    def joined(self, step: int) -> None:
+        """This process took a lost worker's place at `step`: it counts only the pushes sent
+        to it from then on."""
+        self._since, self._received = step, 0
 
     def _push(self, t, peer: int, z: torch.Tensor, share: torch.Tensor,
               state: dict[str, Any]) -> None:
@@ -174,11 +188,12 @@ class SGP(_OnGraph):
         the peer will: the peer takes it for z."""
         number = state["pushed"].get(peer, 0)
         state["pushed"][peer] = number + 1
+        number = [self._since, number]  # a joiner's pushes start a new sequence
         exact = self._codec.kind == "exact"  # then z itself: no copies to keep
         copy = None if exact else _copy(state, "sent", peer)
         change = z if copy is None else (z.double() - copy).to(z.dtype)
         buffer = pack({**self._codec.compress(change), "weight": share,
-                       "number": torch.tensor([number], device=z.device)})
+                       "number": torch.tensor(number, device=z.device)})
         t.post(buffer, peer, PUSH)
         if copy is not None:
             payload = unpack(buffer, self._fields, t.rank)  # as the peer will decode it
@@ -190,12 +205,12 @@ class SGP(_OnGraph):
         copy changes with each one); one that overtook an earlier one waits for it."""
         held = self._hold(arrived, state)
         ready = []
-        for src in sorted({src for src, _ in held}):
-            number = state["taken"].get(src, 0)
-            while (src, number) in held:
-                ready.append((src, held.pop((src, number))))
+        for src, since in sorted({(src, since) for src, since, _ in held}):
+            number = state["taken"].get((src, since), 0)
+            while (src, since, number) in held:
+                ready.append((src, held.pop((src, since, number))))
                 number += 1
-            state["taken"][src] = number
+            state["taken"][(src, since)] = number
         return ready
 
     def _hold(self, arrived: list[tuple[int, torch.Tensor]],
@@ -204,16 +219,20 @@ class SGP(_OnGraph):
         held = state["held"]
         for src, buffer in arrived:
             payload = unpack(buffer, self._fields, src)
-            held[(src, int(payload.pop("number")))] = payload
+            since, number = payload.pop("number").tolist()
+            held[(src, int(since), int(number))] = payload
         return held
 
     def _expected(self, t, steps: int) -> int:
-        """Shares this worker receives in the first `steps` steps (the graph is known in
-        advance; a lost peer sent none from the step it left at)."""
+        """Shares this process receives in the first `steps` steps (the graph is known in
+        advance; a lost peer sent none from the step it left at, and one that took its
+        place sends from the step it joined at)."""
         assert self.topology is not None
-        left = {r: step for r, (step, _) in t.departed().items()}
-        return sum(1 for s in range(steps) for p in self.topology.in_neighbors(t.rank, s)
-                   if left.get(p, steps) > s)
+        count = 0
+        for s in range(self._since, steps):
+            gone = t.absent(s)
+            count += sum(1 for p in self.topology.in_neighbors(t.rank, s) if p not in gone)
+        return count
 
 
 class ADPSGD(_OnGraph):

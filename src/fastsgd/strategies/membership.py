@@ -43,8 +43,8 @@ def first_expendable(strategy: object) -> int:
 
 
 def gone_at(transport: Transport, step: int) -> set[int]:
-    """The ranks known to have left at or before `step`."""
-    return {r for r, (left, _) in transport.departed().items() if left <= step}
+    """The ranks that take no part in `step` (left at or before it, and not back)."""
+    return transport.absent(step)
 
 
 def healed_weights(topology: Topology, rank: int, step: int,

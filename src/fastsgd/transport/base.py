@@ -117,6 +117,11 @@ class Transport(Protocol):
         it was lost). A worker that left at step k took part in steps 0..k-1 only."""
         ...
 
+    def absent(self, step: int) -> set[int]:
+        """The workers that take no part in `step`: those that left at or before it, less
+        those a worker that joined in their place stands for again (run.rejoin)."""
+        ...
+
     def now(self) -> float:
         """Seconds since the transport started: wall clock, or the virtual clock."""
         ...

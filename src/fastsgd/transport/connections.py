@@ -14,36 +14,88 @@ HELLO_TAG = -2  # the first frame on a new connection: who it comes from
 
 
 def connect(rank: int, world_size: int, store, key: str, host: str,
-            timeout: float) -> dict[int, socket.socket]:
+            timeout: float) -> tuple[dict[int, socket.socket], socket.socket]:
     """One connection per pair: each rank listens, publishes its address, connects to the
-    ranks above it and accepts those below (in any order: each says who it is first)."""
+    ranks above it and accepts those below (in any order: each says who it is first).
+    Returns the connections and the listener, which stays open for workers that join later
+    (`rejoin`)."""
     socks: dict[int, socket.socket] = {}
-    if world_size == 1:
-        return socks
-    with socket.create_server(("", 0), backlog=world_size) as listener:
+    listener = _listen(rank, world_size, store, key, host)
+    for peer in range(rank + 1, world_size):
+        socks[peer] = _introduce(rank, peer, _reach(rank, peer, *_address(store, key, peer),
+                                                    timeout))
+    listener.settimeout(timeout)
+    while len(socks) < world_size - 1:
+        try:
+            sock, _ = listener.accept()
+        except TimeoutError:
+            missing = ", ".join(str(r) for r in range(rank) if r not in socks)
+            raise UserError(f"worker {rank}: no message connection from worker {missing} "
+                            f"within run.timeout = {timeout:g} s (each worker's message "
+                            "port must be reachable: docs/multihost.md)") from None
+        socks[hello(sock)] = sock
+    listener.settimeout(None)
+    return socks, listener
+
+
+def rejoin(rank: int, world_size: int, store, key: str, host: str, timeout: float
+           ) -> tuple[dict[int, socket.socket], socket.socket]:
+    """A worker that joins a running job in place of a lost one (rank `rank`): it listens
+    and publishes its address (for those who join after it), then connects to every peer
+    still listening; a peer that is gone refuses, and is left out."""
+    listener = _listen(rank, world_size, store, key, host)
+    socks = {}
+    for peer in range(world_size):
+        if peer == rank:
+            continue
+        try:
+            sock = socket.create_connection(_address(store, key, peer), timeout=timeout)
+        except OSError:
+            continue  # that worker is gone too
+        sock.settimeout(None)
+        socks[peer] = _introduce(rank, peer, sock)
+    return socks, listener
+
+
+def hello(sock: socket.socket) -> int:
+    """The rank a new connection says it comes from (it must say so at once)."""
+    sock.settimeout(30.0)
+    words = torch.empty(frames.HEADER_WORDS + 1, dtype=torch.int64)
+    view = frames.as_bytes(words)
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("a peer closed its connection before saying who it is")
+        got += n
+    tag, numel, dtype = frames.parse(words[:frames.HEADER_WORDS], -1)
+    if tag != HELLO_TAG or numel != 1 or dtype != torch.int64:
+        raise frames.MalformedFrame("a connection to this worker did not start with a hello")
+    sock.settimeout(None)
+    _tuned(sock)
+    return int(words[-1])
+
+
+def _listen(rank: int, world_size: int, store, key: str, host: str) -> socket.socket:
+    listener = socket.create_server(("", 0), backlog=world_size)
+    if world_size > 1:
         store.set(f"{key}/{rank}", f"{host}:{listener.getsockname()[1]}")
-        for peer in range(rank + 1, world_size):
-            address, port = store.get(f"{key}/{peer}").decode().rsplit(":", 1)
-            sock = _reach(rank, peer, address, int(port), timeout)
-            hello = torch.tensor([rank])
-            sock.sendall(bytes(frames.as_bytes(frames.header(hello, HELLO_TAG)))
-                         + bytes(frames.as_bytes(hello)))
-            socks[peer] = _tuned(sock)
-        listener.settimeout(timeout)
-        while len(socks) < world_size - 1:
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                missing = ", ".join(str(r) for r in range(rank) if r not in socks)
-                raise UserError(f"worker {rank}: no message connection from worker {missing} "
-                                f"within run.timeout = {timeout:g} s (each worker's message "
-                                "port must be reachable: docs/multihost.md)") from None
-            sock.settimeout(None)
-            socks[_hello(_tuned(sock))] = sock
-    return socks
+    return listener
 
 
-def _reach(rank: int, peer: int, address: str, port: int, timeout: float) -> socket.socket:
+def _address(store, key: str, peer: int) -> tuple[str, int]:
+    address, port = store.get(f"{key}/{peer}").decode().rsplit(":", 1)
+    return address, int(port)
+
+
+def _introduce(rank: int, peer: int, sock: socket.socket) -> socket.socket:
+    me = torch.tensor([rank])
+    sock.sendall(bytes(frames.as_bytes(frames.header(me, HELLO_TAG))) + bytes(frames.as_bytes(me)))
+    return _tuned(sock)
+
+
+def _reach(rank: int, peer: int, address: str, port: int, timeout: float
+           ) -> socket.socket:
     try:
         sock = socket.create_connection((address, port), timeout=timeout)
     except OSError as e:
@@ -57,19 +109,3 @@ def _reach(rank: int, peer: int, address: str, port: int, timeout: float) -> soc
 def _tuned(sock: socket.socket) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers do not wait
     return sock
-
-
-def _hello(sock: socket.socket) -> int:
-    """The rank a new connection says it comes from."""
-    words = torch.empty(frames.HEADER_WORDS + 1, dtype=torch.int64)
-    view = frames.as_bytes(words)
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionError("a peer closed its connection before saying who it is")
-        got += n
-    tag, numel, dtype = frames.parse(words[:frames.HEADER_WORDS], -1)
-    if tag != HELLO_TAG or numel != 1 or dtype != torch.int64:
-        raise frames.MalformedFrame("a connection to this worker did not start with a hello")
-    return int(words[-1])

@@ -19,6 +19,11 @@ connection carry data at once. And a connection that ends without a goodbye fram
 that died: the waits that expect its messages fail at once with PeerLost, where gloo waited
 for its timeout.
 
+A worker that joins later in place of a lost one (`joining`) connects to every peer still
+there; each peer's reader thread accepts it on the listener it kept open, and from then on
+that rank's messages go to the new connection. What the lost one had sent still counts
+(`departures`: the step after the last it sent, per connection that ended).
+
 The receiver threads share the interpreter lock with the training thread; each frame hands
 it over a few times, and with Python's default switch interval (5 ms) a waiting thread may
 sit idle that long: the messenger shortens it to SWITCH_INTERVAL.
@@ -32,126 +37,27 @@ import socket
 import sys
 import threading
 import time
-from collections import defaultdict, deque
 from collections.abc import Callable
 
 import torch
 
 from fastsgd.transport import frames
-from fastsgd.transport.base import PeerLost
-from fastsgd.transport.connections import connect
+from fastsgd.transport.connections import connect, hello, rejoin
+from fastsgd.transport.mailbox import Mailbox
 
 SWITCH_INTERVAL = 0.0005  # s: how long a thread waits for the interpreter lock before asking
 GOODBYE_TAG = frames.STOP_TAG
 
 
-class Mailbox:
-    """Messages filed by tag, shared by the reader thread and the training thread, and the
-    peers whose connection ended without a goodbye (lost)."""
-
-    def __init__(self):
-        # per tag: (sender, payload, the sender's step)
-        self._queues: dict[int, deque[tuple[int, torch.Tensor, int]]] = defaultdict(deque)
-        self._cond = threading.Condition()
-        self._error: BaseException | None = None
-        self.lost: dict[int, float] = {}  # rank -> time.perf_counter() it was found lost
-        self._told: set[int] = set()  # the lost that a wait for any sender has reported
-        self.on_lost: Callable[[int], None] | None = None  # called once per peer found lost
-        self.finished: set[int] = set()  # the peers whose goodbye came
-
-    def put(self, tag: int, src: int, payload: torch.Tensor, step: int = 0) -> None:
-        with self._cond:
-            self._queues[tag].append((src, payload, step))
-            self._cond.notify_all()
-
-    def fail(self, error: BaseException) -> None:
-        with self._cond:
-            self._error = self._error or error
-            self._cond.notify_all()
-
-    def lose(self, rank: int) -> None:
-        with self._cond:
-            new = rank not in self.lost
-            self.lost.setdefault(rank, time.perf_counter())
-            self._cond.notify_all()
-        if new and self.on_lost is not None:
-            self.on_lost(rank)
-
-    def finish(self, rank: int) -> None:
-        with self._cond:
-            self.finished.add(rank)
-
-    def done(self) -> set[int]:
-        """The peers that said goodbye: they ended their part of the run."""
-        with self._cond:
-            return set(self.finished)
-
-    def lost_now(self) -> dict[int, float]:
-        """A copy of `lost` (the reader and sender threads add to it)."""
-        with self._cond:
-            return dict(self.lost)
-
-    def take_all(self, tag: int) -> list[tuple[int, torch.Tensor]]:
-        with self._cond:
-            self._raise()
-            out = [(src, payload) for src, payload, _ in self._queues[tag]]
-            self._queues[tag].clear()
-            return out
-
-    def take_one(self, tag: int, timeout: float, src: int | None = None
-                 ) -> tuple[int, torch.Tensor]:
-        """The next message with `tag` (from `src` if given). PeerLost when `src` is lost and
-        nothing of it is left; without `src`, when peers were found lost since the last such
-        report (not only since this call began: the caller counted what it expects before
-        calling, and a loss in between would leave it waiting for good)."""
-        src, payload, _ = self._take(tag, timeout, src, None)
-        return src, payload
-
-    def take_step(self, tag: int, src: int, step: int, timeout: float
-                  ) -> tuple[int, torch.Tensor]:
-        """The first message with `tag` from `src` sent at `step` or before, as (the step it
-        was sent at, payload); later ones wait. PeerLost as take_one."""
-        _, payload, sent_at = self._take(tag, timeout, src, step)
-        return sent_at, payload
-
-    def _take(self, tag: int, timeout: float, src: int | None, upto: int | None
-              ) -> tuple[int, torch.Tensor, int]:
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._ready(tag, src, upto), timeout):
-                raise TimeoutError(f"no message with tag {tag} within {timeout} s")
-            self._raise()
-            found = self._find(tag, src, upto)
-            if found is None:
-                news = [src] if src is not None else sorted(set(self.lost) - self._told)
-                self._told.update(news)
-                raise PeerLost(news)
-            message = self._queues[tag][found]
-            del self._queues[tag][found]
-            return message
-
-    def _find(self, tag: int, src: int | None, upto: int | None = None) -> int | None:
-        for i, (sender, _, step) in enumerate(self._queues[tag]):
-            if (src is None or sender == src) and (upto is None or step <= upto):
-                return i
-        return None
-
-    def _ready(self, tag: int, src: int | None, upto: int | None) -> bool:
-        if self._error is not None or self._find(tag, src, upto) is not None:
-            return True
-        return src in self.lost if src is not None else bool(set(self.lost) - self._told)
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-
 class _Link:
-    """The connection to one peer: its sender thread's queue, and the frame being read."""
+    """The connection to one peer: its sender thread's queue, the frame being read, and the
+    step of the last whole frame read."""
 
     def __init__(self, sock: socket.socket, peer: int):
         self.sock, self.peer = sock, peer
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.header = torch.empty(frames.HEADER_WORDS, dtype=torch.int64)
+        self.last_step = -1
         self.expect_header()
 
     def expect_header(self) -> None:
@@ -166,11 +72,12 @@ class Messenger:
     """Connections to every peer, their sender threads and the reader thread of one process
     (see the module docstring). `store`: the job's key-value store, where each rank
     publishes the address it listens on (`host`, a free port) under `key`. `on_receive(tag,
-    payload)` is told of every frame from a peer as it arrives (to count bytes)."""
+    payload)` is told of every frame from a peer as it arrives (to count bytes). `joining`:
+    this process takes the place of a lost worker in a running job."""
 
     def __init__(self, rank: int, world_size: int,
                  on_receive: Callable[[int, torch.Tensor], None],
-                 store, key: str, host: str, timeout: float = 300.0):
+                 store, key: str, host: str, timeout: float = 300.0, joining: bool = False):
         self.rank, self.world_size = rank, world_size
         self.mailbox = Mailbox()
         self._on_receive = on_receive
@@ -179,21 +86,37 @@ class Messenger:
         # at a time and in order, those filed before it was registered first (reentrant: a
         # handler may message its own rank)
         self._dispatch_lock = threading.RLock()
-        self.last_step: dict[int, int] = {}  # per peer: the step of its last whole frame
-        self._links = {peer: _Link(sock, peer) for peer, sock
-                       in connect(rank, world_size, store, key, host, timeout).items()}
+        # per peer, each connection that ended without a goodbye: (the step after the last
+        # frame it brought, when it was found lost, on time.perf_counter())
+        self.departures: dict[int, list[tuple[int, float]]] = {}
+        socks, self._listener = (rejoin if joining else connect)(rank, world_size, store, key,
+                                                                 host, timeout)
+        self._links: dict[int, _Link] = {}
         self._selector = selectors.DefaultSelector()
-        for link in self._links.values():
-            self._selector.register(link.sock, selectors.EVENT_READ, link)
-        self._threads = [threading.Thread(target=self._send_loop, args=(link,), daemon=True,
-                                          name=f"fastsgd-send-{rank}-{link.peer}")
-                         for link in self._links.values()]
-        self._threads.append(threading.Thread(target=self._read_loop, daemon=True,
-                                              name=f"fastsgd-read-{rank}"))
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._threads: list[threading.Thread] = []
+        self._closing = False
         if world_size > 1:
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
-        for thread in self._threads:
-            thread.start()
+        for peer, sock in socks.items():
+            self._attach(peer, sock)
+        for peer in set(range(world_size)) - set(socks) - {rank}:
+            self.mailbox.lose(peer)  # a joiner found it gone
+            self.departures.setdefault(peer, [])
+        self._threads.append(threading.Thread(target=self._read_loop, daemon=True,
+                                              name=f"fastsgd-read-{rank}"))
+        self._threads[-1].start()
+
+    def _attach(self, peer: int, sock: socket.socket) -> None:
+        """A connection to `peer`, from the start or from a worker that joined in place of a
+        lost one: its messages go there from now on."""
+        link = self._links[peer] = _Link(sock, peer)
+        self.mailbox.welcome(peer)
+        self._selector.register(sock, selectors.EVENT_READ, link)
+        thread = threading.Thread(target=self._send_loop, args=(link,), daemon=True,
+                                  name=f"fastsgd-send-{self.rank}-{peer}")
+        self._threads.append(thread)
+        thread.start()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int, step: int = 0) -> torch.Tensor:
         """Queue `tensor` for `dst`, stamped with the sender's `step`; returns the copy sent
@@ -234,17 +157,33 @@ class Messenger:
                     link.sock.sendall(frames.as_bytes(payload))
             link.sock.sendall(frames.as_bytes(frames.header(torch.zeros(0), GOODBYE_TAG)))
         except OSError:
-            self.mailbox.lose(link.peer)
+            if self._links.get(link.peer) is link:
+                self.mailbox.lose(link.peer)
 
     def _read_loop(self) -> None:
-        """Read whatever has arrived on any connection until every peer said goodbye or is
-        gone; file or hand over each whole frame."""
+        """Read whatever has arrived on any connection, and accept workers that join, until
+        every peer said goodbye or is gone; file or hand over each whole frame."""
         try:
-            while self._selector.get_map():
-                for key, _ in self._selector.select():
-                    self._read(key.data)
+            while not self._closing or any(key.data is not None
+                                           for key in self._selector.get_map().values()):
+                for key, _ in self._selector.select(timeout=0.1):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._read(key.data)
         except BaseException as e:  # noqa: BLE001 - handed to the training thread
             self.mailbox.fail(e)
+
+    def _accept(self) -> None:
+        """A worker joins in place of a lost one (FASTSGD_JOIN, launch.py)."""
+        sock, _ = self._listener.accept()
+        try:
+            peer = hello(sock)
+        except (OSError, ConnectionError):
+            sock.close()
+            return
+        with self._dispatch_lock:
+            self._attach(peer, sock)
 
     def _read(self, link: _Link) -> None:
         try:
@@ -253,7 +192,10 @@ class Messenger:
             got = 0
         if got == 0:  # the connection ended before a goodbye: the peer died
             self._selector.unregister(link.sock)
-            self.mailbox.lose(link.peer)
+            self.departures.setdefault(link.peer, []).append(
+                (link.last_step + 1, time.perf_counter()))
+            if self._links.get(link.peer) is link:  # not one a joiner has replaced since
+                self.mailbox.lose(link.peer)
             return
         link.got += got
         if link.got < len(link.view):
@@ -269,7 +211,7 @@ class Messenger:
                 return
         tag, payload = link.payload
         # only now: a frame cut short by its sender's death was never sent
-        step = self.last_step[link.peer] = frames.step_of(link.header)
+        step = link.last_step = frames.step_of(link.header)
         link.expect_header()
         self._on_receive(tag, payload)
         self._dispatch(tag, link.peer, payload, step)
@@ -277,10 +219,12 @@ class Messenger:
     def close(self, timeout: float = 30.0) -> None:
         """Collective: send every queued frame and a goodbye to each peer, wait until each
         peer's goodbye came (so everything sent here was delivered) or it is gone."""
+        self._closing = True
         for link in self._links.values():
             link.outbox.put(None)
         for thread in self._threads:
             thread.join(timeout)
         self._selector.close()
+        self._listener.close()
         for link in self._links.values():
             link.sock.close()

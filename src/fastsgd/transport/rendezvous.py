@@ -52,6 +52,13 @@ def rendezvous(backend: str, timeout: float) -> None:
                         f"within run.timeout = {timeout:g} s: {reason}") from None
 
 
+def joining_store(timeout: float) -> dist.TCPStore:
+    """The job's store, for a worker that joins a running job (it takes no part in the
+    rendezvous: the others' group is formed already)."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         is_master=False, timeout=datetime.timedelta(seconds=timeout))
+
+
 @contextlib.contextmanager
 def stderr_held() -> Iterator[None]:
     """File descriptor 2 goes to a temporary file (C++ writes there too) for the block;

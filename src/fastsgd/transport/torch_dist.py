@@ -25,6 +25,7 @@ import torch.distributed as dist
 # (TorchTransport._group, see there): the default group's threads never ran one.
 import torch.distributed.nn.functional  # noqa: F401
 
+from fastsgd import interrupt
 from fastsgd.errors import UserError
 from fastsgd.transport.base import (
     Done,
@@ -42,9 +43,11 @@ from fastsgd.transport.messages import Messenger
 from fastsgd.transport.rendezvous import (
     PeerGone,
     address_towards,
+    joining_store,
     pick_backend,
     rendezvous,
 )
+from fastsgd.transport.roster import Roster
 from fastsgd.transport.shared import shared_tensor
 from fastsgd.transport.shrink import Shrinking, guarded, open_group
 from fastsgd.transport.survivors import Survivors
@@ -80,7 +83,10 @@ class TorchTransport:
         if backend == "nccl":
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
-        self._owns_default_group = not dist.is_initialized()  # else the user's: left alone
+        # a worker that takes a lost one's place in a running job (launch.py): no group,
+        # only the messenger's connections, and the launcher's store
+        self._joining = os.environ.get("FASTSGD_JOIN") is not None
+        self._owns_default_group = not dist.is_initialized() and not self._joining
         if self._owns_default_group:
             rendezvous(backend, timeout)
         # Every collective runs on this group, which only the transport holds, so close()
@@ -95,11 +101,13 @@ class TorchTransport:
         # inside a noexcept destructor and the process aborts: "terminate called without
         # an active exception", 8 of 60 torchrun runs (2 processes, Replica + allreduce)
         # with the group initialized before fastsgd was imported; 0 of 30 on this group.
-        self._group, sockets = open_group(None)
+        self._group, sockets = open_group(None) if not self._joining else (None, None)
         self.backend = backend
         self._timeout = timeout
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self._store = joining_store(timeout) if self._joining else None
+        self.roster = Roster()
         self.bytes_sent = 0
         self.bytes_received = 0
         self._start = time.perf_counter()
@@ -231,7 +239,7 @@ class TorchTransport:
 
     def store(self) -> dist.Store:
         """The job's key-value store (torchrun's, or the launcher's rendezvous)."""
-        return dist.distributed_c10d._get_default_store()
+        return self._store or dist.distributed_c10d._get_default_store()
 
     def start_messages(self) -> None:
         """Collective: connect to every peer for asynchronous messages (messages.py)."""
@@ -241,7 +249,7 @@ class TorchTransport:
             self._messenger = Messenger(self.rank, self.world_size, self._count_received,
                                         self.store(), f"fastsgd/messages/{_messengers_made}",
                                         address_towards(os.environ["MASTER_ADDR"]),
-                                        self._timeout)
+                                        self._timeout, joining=self._joining)
 
     def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
         """Send an asynchronous message; the receiver takes it with poll or wait_message.
@@ -287,20 +295,41 @@ class TorchTransport:
     def members(self) -> list[int]:
         if self._shrinking is not None:
             return list(self._shrinking.members)
-        gone = self.departed()
+        gone = self.absent(self._step) | set(self.departed())  # lost, or lost now
         return [r for r in range(self.world_size) if r not in gone]
 
     def departed(self) -> dict[int, tuple[int, float]]:
-        """The peers whose connection ended without a goodbye, when carrying on. The step it
-        left at is the one after the last it sent this worker a message from: TCP
-        delivered everything it sent before dying."""
+        """The peers lost now (whose connection ended without a goodbye, and no worker took
+        their place), when carrying on or shrinking: the step each left at and when (on
+        this worker's clock). The step is the one after the last it sent this worker a
+        message from: TCP delivered everything it sent before dying."""
         if self._survivors is None and self._shrinking is None or self._messenger is None:
             return {}
-        last = self._messenger.last_step
         members = self._shrinking.members if self._shrinking else ()
-        return {r: (last.get(r, -1) + 1, when - self._start)
-                for r, when in sorted(self._messenger.mailbox.lost_now().items())
-                if r not in members}
+        lost = self._messenger.mailbox.lost_now()
+        return {r: (left[-1][0], left[-1][1] - self._start)
+                for r, left in self.roster.departures(self._messenger.departures).items()
+                if r in lost and r not in members}
+
+    def absent(self, step: int) -> set[int]:
+        """The ranks that take no part in `step` (roster.py): lost before it, and not back
+        (a worker that joined in a lost one's place is back from its join step on)."""
+        if self._survivors is None or self._messenger is None:
+            return set(self.departed())
+        return self.roster.absent(self._messenger.departures, step)
+
+    def rejoins(self) -> list[dict[str, float]]:
+        """Every departure this worker knows of, with the step a worker took its place from
+        (None: not back), for the summary."""
+        if self._messenger is None:
+            return []
+        out = []
+        for rank, left in self.roster.departures(self._messenger.departures).items():
+            back = self.roster.returns.get(rank, [])
+            out += [{"rank": rank, "left_at_step": at, "lost_at": round(when - self._start, 3),
+                     "back_at_step": back[i] if i < len(back) else None}
+                    for i, (at, when) in enumerate(left)]
+        return out
 
     def now(self) -> float:
         if self.device.type == "cuda":
@@ -311,7 +340,10 @@ class TorchTransport:
         """Real time cannot be paused; kept for symmetry with the simulator."""
 
     def compute(self, phase: str, step: int) -> None:
-        """Real compute took the time it took: nothing to charge; the step stamps messages."""
+        """Real compute took the time it took: nothing to charge; the step stamps messages.
+        Each step, the launcher's word of workers that joined (run.rejoin) is read."""
+        if phase == "forward" and self._survivors is not None:
+            self.roster.note_returns(interrupt.joined_at())
         self._step = step
 
     def close(self) -> None:

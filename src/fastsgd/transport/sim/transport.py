@@ -188,6 +188,10 @@ class SimTransport:
         membership = self.fabric.membership
         return {r: (membership.dead[r], membership.when[r]) for r in membership.known}
 
+    def absent(self, step: int) -> set[int]:
+        """The workers that take no part in `step` (no rejoins in the simulator yet)."""
+        return {r for r, (left, _) in self.departed().items() if left <= step}
+
     def now(self) -> float:
         return self.scheduler.now(self.rank) / 1e9
 
