@@ -47,18 +47,31 @@ class Stop:
         self.ready = ctx.Array("b", workers, lock=False) if ctx else [1] * workers
         # the step from which a worker started again in place of a lost one is back (0: none)
         self.joined_at = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
+        self.donor = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
 
-    def request(self) -> int:
-        """Set the step every worker stops after; returns it."""
+    def request(self, set_stop: bool = True) -> int:
+        """Set the step every worker stops after (`set_stop`); returns it: a little ahead of
+        the furthest worker, so that none is past it by the time it reads it."""
         before = max(self.progress)
         time.sleep(0.02)
         now = max(self.progress)
-        self.stop_at.value = now + 2 + 5 * (now - before)
-        return self.stop_at.value
+        ahead = now + 2 + 5 * (now - before)
+        if set_stop:
+            self.stop_at.value = ahead
+        return ahead
 
     def after(self, rank: int, step: int) -> bool:
         self.progress[rank] = step
         return self.stop_at.value == step
+
+    def rejoin(self, rank: int, donor: int) -> int:
+        """A worker starts again in place of lost `rank`, from `donor`'s state: the step it
+        is back from, set ahead of the furthest worker as for a stop (every worker reads it
+        before it gets there: the step it is back from is the same for all)."""
+        self.ready[rank] = 0  # until it is connected and has its state
+        self.donor[rank] = donor
+        self.joined_at[rank] = self.request(set_stop=False)
+        return self.joined_at[rank]
 
 
 class StoreStop:
@@ -186,6 +199,21 @@ def steps_done(rank: int) -> int | None:
     outside `fastsgd run`'s own workers and `fastsgd simulate`): for a worker that died,
     where it stopped."""
     return int(_SHARED.progress[rank]) if isinstance(_SHARED, Stop) else None
+
+
+def joining() -> tuple[int, int] | None:
+    """In a worker started in place of a lost one: (the step it is back from, the rank whose
+    state it starts from); None in any other worker."""
+    spec = os.environ.get("FASTSGD_JOIN")
+    return tuple(int(x) for x in spec.split(":")) if spec else None  # type: ignore[return-value]
+
+
+def donors() -> dict[int, tuple[int, int]]:
+    """The joins this worker's state is asked for: joiner rank -> (step, donor)."""
+    if not isinstance(_SHARED, Stop):
+        return {}
+    return {r: (int(step), int(_SHARED.donor[r])) for r, step in enumerate(_SHARED.joined_at)
+            if step}
 
 
 def joined_at() -> list[int]:

@@ -132,7 +132,7 @@ class Job:
         failures = supervise(plan, lambda attempt: launch(
             lambda: _train_process(plan), config["run"]["workers"], restart=attempt,
             expendable=_expendable(plan),
-            survivors_stop=config["run"]["on_failure"] == "stop"))
+            survivors_stop=config["run"]["on_failure"] == "stop", rejoin=_rejoin(plan)))
         return _result(plan.run_dir, failures)
 
     def simulate(self, workers: int | None = None, network: Network | None = None,
@@ -324,6 +324,21 @@ def _expendable(plan: Plan) -> int | None:
     """The lowest rank whose death the others survive; None: no rank's."""
     mode = _survives(plan)
     return None if mode is None else 0 if mode == "shrink" else first_expendable(plan.strategy)
+
+
+def _rejoin(plan: Plan) -> int | None:
+    """run.rejoin: the run's steps, for the launcher to start a new worker in place of a
+    lost one (the strategy must carry on without it and take it back: REJOINS); None: no."""
+    if not plan.config["run"]["rejoin"]:
+        return None
+    name = plan.config["strategy"]["name"]
+    if _survives(plan) != "carry_on" or plan.compressor.kind not in getattr(
+            plan.strategy, "REJOINS", ()):
+        raise UserError(f"run.rejoin = true needs a strategy that carries on without a lost "
+                        f"worker and takes a new one in its place: sgp, with an exact codec "
+                        f"and run.checkpoint_every = 0 (strategy '{name}', codec "
+                        f"'{plan.compressor.name}')")
+    return plan.total_steps(plan.config["run"]["workers"])
 
 
 def _train_process(plan: Plan) -> None:

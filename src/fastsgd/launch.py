@@ -42,12 +42,15 @@ def free_port() -> int:
 
 
 def launch(fn: Callable[[], object], workers: int, restart: int = 0,
-           expendable: int | None = None, survivors_stop: bool = False) -> None:
+           expendable: int | None = None, survivors_stop: bool = False,
+           rejoin: int | None = None) -> None:
     """Run `fn()` in `workers` processes with RANK/WORLD_SIZE/MASTER_* set (and
     FASTSGD_RESTART, how many times the run was restarted); wait for all. The first worker
     that fails stops the others at once, except a worker of rank `expendable` or above
     killed by a signal: the others carry on without it (one line says so), or, with
     `survivors_stop`, write a checkpoint and stop (WorkerFailed once they have ended).
+    With `rejoin` (the run's steps), a new process takes its place and joins the others
+    at a step they agree on, from a live worker's state (FASTSGD_JOIN=STEP:DONOR).
     WorkerFailed too if every worker was lost."""
     if torch.cuda.is_initialized():  # a forked child cannot use the parent's CUDA context
         raise UserError("this process used CUDA before starting its workers, and forked "
@@ -63,7 +66,9 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
             for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
                 p.start()
             store = _store(port, workers)  # noqa: F841 - held until the workers have ended
-            _wait(procs, errors, expendable, survivors_stop, stop.ready)
+            start = None if rejoin is None else _Rejoin(
+                ctx, fn, workers, port, errors, restart, stop, rejoin)
+            _wait(procs, errors, expendable, survivors_stop, stop.ready, start)
         except KeyboardInterrupt:
             _stop(procs, stop)
         finally:
@@ -98,10 +103,11 @@ def _end(procs: list[mp.process.BaseProcess]) -> None:
 
 def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
           expendable: int | None, survivors_stop: bool = False,
-          ready: Sequence[int] = ()) -> None:
+          ready: Sequence[int] = (), rejoin: _Rejoin | None = None) -> None:
     """Until all have ended; a failure is seen the moment its process ends. A death before
     every worker was `ready` (connected to all its peers) stops them all: its peers may be
-    waiting for it in the rendezvous, where they would learn of it only at run.timeout."""
+    waiting for it in the rendezvous, where they would learn of it only at run.timeout.
+    With `rejoin`, a lost worker's place is taken by a new process (procs is updated)."""
     running, lost = list(procs), set()
     while running:
         for sentinel in connection.wait([p.sentinel for p in running]):
@@ -112,9 +118,20 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
             if (p.exitcode < 0 and expendable is not None and rank >= expendable
                     and all(ready)):
                 lost.add(rank)
-                if not survivors_stop and len(lost) < len(procs):
-                    print(f"fastsgd: {_failure(rank, p.exitcode, errors)}; the others carry "
-                          "on without it", file=sys.stderr, flush=True)
+                if survivors_stop or len(lost) == len(procs):
+                    continue
+                failure = _failure(rank, p.exitcode, errors)
+                joiner = rejoin.start(rank, [procs.index(q) for q in running]) if rejoin else None
+                if joiner is not None:
+                    procs[rank] = joiner
+                    running.append(joiner)
+                    lost.discard(rank)
+                    print(f"fastsgd: {failure}; a new worker takes its place from step "
+                          f"{rejoin.stop.joined_at[rank]}, with worker "
+                          f"{rejoin.stop.donor[rank]}'s state", file=sys.stderr, flush=True)
+                else:
+                    print(f"fastsgd: {failure}; the others carry on without it",
+                          file=sys.stderr, flush=True)
             elif p.exitcode != 0:
                 # a worker that vanished (a signal) is the cause; its peers' connection
                 # errors, which may come first, are the consequence
@@ -130,6 +147,32 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
         then = ("" if len(lost) == len(procs) else
                 '; the survivors wrote a checkpoint and stopped (run.on_failure = "stop")')
         raise WorkerFailed(f"{failure}{then}", died=True)
+
+
+class _Rejoin:
+    """Starts a new worker process in place of a lost one (`launch`'s `rejoin`)."""
+
+    def __init__(self, ctx, fn: Callable[[], object], workers: int, port: int,
+                 errors: mp.SimpleQueue, restart: int, stop: Stop, steps: int):
+        self.ctx, self.fn, self.workers, self.port = ctx, fn, workers, port
+        self.errors, self.restart, self.stop, self.steps = errors, restart, stop, steps
+
+    def start(self, rank: int, running: list[int]) -> mp.process.BaseProcess | None:
+        """The new process for lost `rank`, joining from the lowest running worker's state;
+        None when there is none, or the run ends before it could join."""
+        if not running:
+            return None
+        donor = min(running)
+        step = self.stop.rejoin(rank, donor)
+        if step >= self.steps:
+            self.stop.joined_at[rank] = 0
+            self.stop.ready[rank] = 1
+            return None
+        joiner = self.ctx.Process(target=_child, args=(
+            self.fn, rank, self.workers, self.port, self.errors, self.restart, self.stop,
+            f"{step}:{donor}"), name=f"fastsgd-worker-{rank}")
+        joiner.start()
+        return joiner
 
 
 def _stop(procs: list[mp.process.BaseProcess], stop: Stop) -> None:
@@ -171,9 +214,11 @@ def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Excepti
 
 
 def _child(fn: Callable[[], object], rank: int, world: int, port: int,
-           errors: mp.SimpleQueue, restart: int, stop: Stop) -> None:
+           errors: mp.SimpleQueue, restart: int, stop: Stop, join: str | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (interrupt.py)
     share(stop)
+    if join is not None:  # in place of a lost worker: FASTSGD_JOIN=STEP:DONOR
+        os.environ["FASTSGD_JOIN"] = join
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), FASTSGD_RESTART=str(restart),

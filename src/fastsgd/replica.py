@@ -37,7 +37,7 @@ class Replica:
     def __init__(self, model: torch.nn.Module, transport: Transport,
                  strategy: Strategy | str = "allreduce",
                  compressor: Compressor | str | None = None, total_steps: int | None = None,
-                 optimizer: torch.optim.Optimizer | None = None):
+                 optimizer: torch.optim.Optimizer | None = None, joining: bool = False):
         if isinstance(strategy, str):
             strategy = build_strategy({"name": strategy})
         if isinstance(compressor, str):
@@ -53,8 +53,9 @@ class Replica:
                            optimizer=optimizer)
         self._warned = False
         check_codec(strategy, self.ctx.compressor, transport.world_size)
-        check_same_model(model, transport)
-        self.broadcast_from(0)
+        if not joining:  # a worker joining a running job gets its state from a peer
+            check_same_model(model, transport)
+            self.broadcast_from(0)
         self.state: dict[str, Any] = strategy.init(self.params, self.ctx)
         # what the step runs forward through: the model, or a strategy's wrapper of it (ddp)
         wrap = getattr(strategy, "wrap", None)

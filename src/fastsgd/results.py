@@ -56,6 +56,16 @@ def lost_workers(loop: Loop) -> list[dict[str, Any]]:
     return lost
 
 
+def rejoined_workers(loop: Loop) -> list[dict[str, Any]]:
+    """Each worker lost and replaced by a new process that joined (run.rejoin): its rank,
+    the step it left at (as this worker saw it), when, and the step the new one joined at."""
+    rejoins = getattr(loop.t, "rejoins", lambda: [])()
+    return [{"worker": r["rank"], "left_at_step": r["left_at_step"],
+             "time": round(r["lost_at"] - loop.start, 3),
+             "joined_at_step": r["back_at_step"]}
+            for r in rejoins if r["back_at_step"] is not None]
+
+
 def summary(loop: Loop, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
     cfg = loop.plan.config
     last = loop.log.last
@@ -78,6 +88,7 @@ def summary(loop: Loop, wall_time: float, end: float, totals: list[float]) -> di
         "skipped_steps": int(totals[3]),  # worker-steps with a NaN or inf loss or gradient
         "consensus_distance": last[3], "representative": cfg["run"]["representative"],
         "lost_workers": lost_workers(loop),
+        "rejoined_workers": rejoined_workers(loop),
         "mode": "simulated" if loop.plan.simulated else "real",
         "run_dir": str(loop.plan.run_dir),
     }

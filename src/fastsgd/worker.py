@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fastsgd import checkpoint, interrupt, recovery, results, resume
+from fastsgd import checkpoint, interrupt, recovery, rejoin, results, resume
 from fastsgd.compress import Compressor
 from fastsgd.config import to_toml
 from fastsgd.data import Dataset, Shard, test_batches
@@ -101,7 +101,8 @@ def train(plan: Plan, transport: Transport) -> dict[str, Any] | None:
     optimizer = plan.make_optimizer(model.parameters())
     replica = Replica(model, transport, copy.deepcopy(plan.strategy),
                       copy.deepcopy(plan.compressor), total_steps=plan.total_steps(
-                          transport.world_size), optimizer=optimizer)
+                          transport.world_size), optimizer=optimizer,
+                      joining=interrupt.joining() is not None)
     try:
         return _Loop(plan, replica, optimizer).run()
     finally:
@@ -136,21 +137,15 @@ class _Loop:
         self.codec = plan.compressor.name != "none"
         replica.ctx.score = lambda: self.score(self.model, own=True)
         self.progress = Progress(self.steps, enabled=plan.progress and self.rank == 0)
+        self.donated: set[tuple[int, int]] = set()  # (joiner, step): rejoin.donate
+        self.start = self.wall_start = 0.0
 
     def run(self) -> dict[str, Any] | None:
-        self.record_environment()
-        saved = (checkpoint.agree_step(self.plan.run_dir, self.t,
-                                       required=not self.plan.fresh_if_none)
-                 if self.plan.resume else None)
-        if saved and self.leads_node:
-            checkpoint.cut_back(self.plan.run_dir, saved[0])
-        self.t.barrier()  # everyone starts the clock together (setup is not training time)
-        self.t.off_clock()
-        self.start, self.wall_start = self.t.now(), time.perf_counter()
-        k = resume.restore(self, *saved) if saved else 0
+        k = self.start_up() if interrupt.joining() is None else rejoin.join(self)
         every = self.plan.config["run"]["checkpoint_every"]
         while k < self.steps:
             try:
+                rejoin.donate(self, k)
                 loss = self.step(k)
                 if self.eval_every and (k + 1) % self.eval_every == 0:
                     self.evaluate(k + 1)
@@ -179,6 +174,20 @@ class _Loop:
                 return results.finish(self, self.wall())
             except GroupBroken as e:
                 recovery.recover(self, e)
+
+    def start_up(self) -> int:
+        """Record what runs, agree on the checkpoint to resume from, start the clock
+        together; the step to start at."""
+        self.record_environment()
+        saved = (checkpoint.agree_step(self.plan.run_dir, self.t,
+                                       required=not self.plan.fresh_if_none)
+                 if self.plan.resume else None)
+        if saved and self.leads_node:
+            checkpoint.cut_back(self.plan.run_dir, saved[0])
+        self.t.barrier()  # everyone starts the clock together (setup is not training time)
+        self.t.off_clock()
+        self.start, self.wall_start = self.t.now(), time.perf_counter()
+        return resume.restore(self, *saved) if saved else 0
 
     def record_environment(self) -> None:
         """config.toml (what ran) and environment.json (where, with what) in the run dir."""

@@ -68,6 +68,7 @@ class SGP(_OnGraph):
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = CODEC_KINDS  # a lost worker's share is dropped with its weight
     CARRIES_ON_REAL = True  # also on real processes: no collective while training
+    REJOINS = ("exact",)  # a new worker may take a lost one's place (run.rejoin): donate
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
         "onepeer"), "gamma": Option(float, 0.5, between(0, 1), "push step (lossy codecs only)"),
         **END_OPTIONS}

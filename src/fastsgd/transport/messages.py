@@ -110,6 +110,9 @@ class Messenger:
     def _attach(self, peer: int, sock: socket.socket) -> None:
         """A connection to `peer`, from the start or from a worker that joined in place of a
         lost one: its messages go there from now on."""
+        old = self._links.get(peer)
+        if old is not None:  # the lost one's: its sender thread ends
+            old.outbox.put(None)
         link = self._links[peer] = _Link(sock, peer)
         self.mailbox.welcome(peer)
         self._selector.register(sock, selectors.EVENT_READ, link)

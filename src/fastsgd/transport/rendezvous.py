@@ -52,11 +52,13 @@ def rendezvous(backend: str, timeout: float) -> None:
                         f"within run.timeout = {timeout:g} s: {reason}") from None
 
 
-def joining_store(timeout: float) -> dist.TCPStore:
-    """The job's store, for a worker that joins a running job (it takes no part in the
-    rendezvous: the others' group is formed already)."""
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                         is_master=False, timeout=datetime.timedelta(seconds=timeout))
+def joining_store(timeout: float) -> dist.Store:
+    """The job's store as the workers' default group sees it, for a worker that joins a
+    running job (it takes no part in the rendezvous: the others' group is formed already).
+    init_process_group keeps its keys under "default_pg", then the group's name ("0")."""
+    raw = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                        is_master=False, timeout=datetime.timedelta(seconds=min(timeout, 30)))
+    return dist.PrefixStore("0/", dist.PrefixStore("default_pg", raw))
 
 
 @contextlib.contextmanager

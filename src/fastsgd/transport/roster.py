@@ -45,6 +45,8 @@ class Roster:
             back = self.returns.get(rank, [])
             for i, (at, _) in enumerate(left):
                 until = back[i] if i < len(back) else math.inf
+                if 0 < i <= len(back):  # a joiner lost before it sent anything left when it joined
+                    at = max(at, back[i - 1])
                 if at <= step < until:
                     out.add(rank)
         return out

@@ -318,6 +318,18 @@ class TorchTransport:
             return set(self.departed())
         return self.roster.absent(self._messenger.departures, step)
 
+    def join_state(self) -> dict:
+        """What a worker joining from this one's state needs of the transport: who left and
+        came back (roster.py), and how many collectives the members have run (their tags)."""
+        assert self._messenger is not None and self._survivors is not None
+        return {"roster": self.roster.state(self._messenger.departures),
+                "collectives": self._survivors.calls}
+
+    def load_join_state(self, saved: dict) -> None:
+        assert self._survivors is not None
+        self.roster.load(saved["roster"])
+        self._survivors.calls = int(saved["collectives"])
+
     def rejoins(self) -> list[dict[str, float]]:
         """Every departure this worker knows of, with the step a worker took its place from
         (None: not back), for the summary."""

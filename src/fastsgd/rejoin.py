@@ -1,0 +1,75 @@
+"""A new worker process takes a lost one's place in a running run (run.rejoin), starting from
+a live worker's state: all of it, over the network, not from disk and not from scratch.
+
+The launcher (launch.py) starts the new process with FASTSGD_JOIN=STEP:DONOR once it has set
+STEP ahead of every worker (interrupt.Stop.rejoin), so that every worker counts the new one
+in from the same step (transport/roster.py). The new process connects to every peer still
+there (transport/connections.py) and waits. The donor, the lowest worker still running,
+sends it at the start of STEP what a checkpoint holds: model, optimizer (learning rate and
+moments), the strategy's and codec's state, step counters, the run's clock and the eval
+log's state; the strategy splits what must not be counted twice (sgp: its push-sum weight,
+`donate`). The joiner loads it and trains from STEP on like every other worker. Its random
+streams start from (seed, rank, STEP), not the donor's: two workers drawing the same
+numbers would not be independent.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fastsgd import checkpoint, interrupt, resume
+
+if TYPE_CHECKING:
+    from fastsgd.worker import _Loop as Loop
+
+JOIN_TAG = 31  # the donor's state for a joiner
+
+
+def donate(loop: Loop, step: int) -> None:
+    """At the start of `step`: send the state to every worker that joins at this step from
+    this one's (once each: a rank may be lost and replaced again)."""
+    for joiner, (at, donor) in interrupt.donors().items():
+        if at != step or donor != loop.rank or (joiner, at) in loop.donated:
+            continue
+        loop.donated.add((joiner, at))
+        replica = loop.replica.state_dict()
+        replica["strategy"] = loop.replica.strategy.donate(loop.replica.state)
+        state = {"format": checkpoint.FORMAT, "step": step, "model": loop.model.state_dict(),
+                 "optimizer": loop.optimizer.state_dict(), "replica": replica,
+                 "loop": resume.loop_state(loop, loop.t.now()),
+                 "transport": loop.t.join_state()}
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        loop.t.post(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8), joiner,
+                    JOIN_TAG)
+
+
+def join(loop: Loop) -> int:
+    """In a new worker: wait for the donor's state, take it on, and return the step to train
+    from."""
+    step, _ = interrupt.joining() or (0, 0)
+    _, buffer = loop.t.wait_message(JOIN_TAG)
+    saved = checkpoint.load(buffer.cpu().numpy().tobytes())
+    loop.model.load_state_dict(saved["model"])
+    loop.optimizer.load_state_dict(saved["optimizer"])
+    loop.replica.load_state_dict(saved["replica"])
+    loop.replica.strategy.joined(step)
+    loop.t.load_join_state(saved["transport"])
+    was = saved["loop"]
+    loop.eval_time, loop.paused = was["eval_time"], was["paused"]
+    loop.evaluated, loop.wall_before = was["evaluated"], was["wall"]
+    log = loop.log
+    log.last, log.time_to_target, log.count, log.wall = was["log"]
+    loop.start = loop.t.now() - was["clock"] - loop.eval_time - loop.paused
+    loop.wall_start = time.perf_counter()
+    seed = (loop.plan.config["run"]["seed"] * 1_000_003 + loop.rank * 10_007 + step) % 2**31
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    return step
