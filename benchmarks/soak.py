@@ -1,19 +1,22 @@
 """Soak: real worker processes killed (-9) again and again while they train; nothing lost.
 
     python3 benchmarks/soak.py [--strategies sgp dpsgd] [--workers 4] [--steps 6000]
-                               [--kill-every 60] [--checkpoint-every 200] [--json FILE]
+                               [--kill-every 60] [--rejoin | --checkpoint-every 200]
+                               [--json FILE]
 
 For each strategy, `fastsgd run` trains the MLP on Fashion-MNIST twice with the same
 settings: once undisturbed, once while this script kills a random worker process (SIGKILL)
-every `--kill-every` seconds. The launcher restarts every worker from the newest checkpoint
-(`run.on_failure = "restart"`), so the killed worker comes back with the others. Reported:
-kills, restarts (summary.json's `failures`) and the steps they went on from, final accuracy
-and wall time, against the undisturbed run; and whether every step was logged exactly once
-per worker (nothing lost, nothing twice). Size `--steps` so that a run takes
-the minutes you want (about 10 ms a step with 4 workers on a 2-core machine).
+every `--kill-every` seconds. Size `--steps` so that a run takes the minutes you want
+(about 10 ms a step with 4 workers on a 2-core machine). The killed worker comes back:
 
-Rejoining here is by restart from a checkpoint, all workers together; a worker that joins
-a running job on its own (issue 12, item 3) does not exist yet.
+- `--rejoin` (run.rejoin): a new process takes its place and joins the running run from a
+  live worker's state, while the others train on. Reported: kills, rejoins (summary.json's
+  `rejoined_workers`) and the steps they joined at, workers lost for good, whether every
+  worker was there at the last step, final accuracy and wall time against the undisturbed
+  run. (The killed process's last, unflushed lines of metrics.jsonl die with it.)
+- else every worker restarts from the newest checkpoint (`run.on_failure = "restart"`).
+  Reported: restarts (summary.json's `failures`) and the steps they went on from, and
+  whether every step was logged exactly once per worker (nothing lost, nothing twice).
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ def run(strategy: str, args: argparse.Namespace, out: Path, kill: bool) -> dict[
     cmd = [sys.executable, "-m", "fastsgd", "run", "--quiet",
            "--set", "model.name=mlp", "--set", f"strategy.name={strategy}",
            "--set", f"run.workers={args.workers}", "--set", f"run.steps={args.steps}",
-           "--set", f"run.checkpoint_every={args.checkpoint_every}",
+           "--set", f"run.checkpoint_every={0 if args.rejoin else args.checkpoint_every}",
+           "--set", f"run.rejoin={str(args.rejoin).lower()}",
            "--set", "run.max_restarts=1000", "--set", f"run.eval_every={args.steps}",
            "--set", f"run.out={out}"]
     began = time.monotonic()
@@ -77,9 +81,16 @@ def run(strategy: str, args: argparse.Namespace, out: Path, kill: bool) -> dict[
     logged = sorted((m["step"], m["rank"]) for m in lines)
     expected = [(s, r) for s in range(1, args.steps + 1) for r in range(args.workers)]
     failures = summary.get("failures", [])
-    return {"strategy": strategy, "killed": kill, "kills": len(kills), "kill_times_s": kills,
-            "restarts": len(failures), "accuracy": summary["final_accuracy"],
-            "wall_s": round(wall, 1), "every_step_once": logged == expected,
+    row = {"strategy": strategy, "killed": kill, "kills": len(kills), "kill_times_s": kills,
+           "accuracy": summary["final_accuracy"], "wall_s": round(wall, 1)}
+    if args.rejoin:
+        rejoined = summary["rejoined_workers"]
+        at_end = sorted(m["rank"] for m in lines if m["step"] == args.steps)
+        return {**row, "rejoins": len(rejoined),
+                "joined_at": [r["joined_at_step"] for r in rejoined],
+                "lost_for_good": len(summary["lost_workers"]),
+                "all_at_the_end": at_end == list(range(args.workers))}
+    return {**row, "restarts": len(failures), "every_step_once": logged == expected,
             "restarted_from": [f["from_step"] for f in failures]}
 
 
@@ -90,6 +101,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6000)
     p.add_argument("--kill-every", type=float, default=60.0)
     p.add_argument("--checkpoint-every", type=int, default=200)
+    p.add_argument("--rejoin", action="store_true",
+                   help="a new worker joins in place of a killed one (run.rejoin)")
     p.add_argument("--seed", type=int, default=0, help="which workers get killed")
     p.add_argument("--json", help="write the rows to this file")
     args = p.parse_args()

@@ -39,7 +39,8 @@ def donate(loop: Loop, step: int) -> None:
             continue
         loop.donated.add((joiner, at))
         replica = loop.replica.state_dict()
-        replica["strategy"] = loop.replica.strategy.donate(loop.replica.state)
+        split = getattr(loop.replica.strategy, "donate", None)  # else the state as it is
+        replica["strategy"] = split(loop.replica.state) if split else loop.replica.state
         state = {"format": checkpoint.FORMAT, "step": step, "model": loop.model.state_dict(),
                  "optimizer": loop.optimizer.state_dict(), "replica": replica,
                  "loop": resume.loop_state(loop, loop.t.now()),
@@ -59,7 +60,9 @@ def join(loop: Loop) -> int:
     loop.model.load_state_dict(saved["model"])
     loop.optimizer.load_state_dict(saved["optimizer"])
     loop.replica.load_state_dict(saved["replica"])
-    loop.replica.strategy.joined(step)
+    joined = getattr(loop.replica.strategy, "joined", None)
+    if joined is not None:
+        joined(step, loop.replica.params)
     loop.t.load_join_state(saved["transport"])
     was = saved["loop"]
     loop.eval_time, loop.paused = was["eval_time"], was["paused"]

@@ -177,7 +177,7 @@ class SGP(_OnGraph):
         state["weight"] = state["weight"] / 2
         return {**state, "pushed": {}, "taken": {}, "held": {}, "sent": {}, "received": {}}
 
-    def joined(self, step: int) -> None:
+    def joined(self, step: int, params: Params) -> None:
         """This process took a lost worker's place at `step`: it counts only the pushes sent
         to it from then on."""
         self._since, self._received = step, 0

@@ -92,6 +92,7 @@ class DPSGD(_OnGraph):
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = ("exact",)  # without lost workers (membership.py); CHOCO's copies do not
     CARRIES_ON_REAL = True  # real rounds that disagree on when a worker left: exchange.py
+    REJOINS = ("exact",)  # the graph reopens at the step a new worker joins at (roster.py)
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "gamma": Option(float, 0.5, between(0, 1), "CHOCO step (lossy codecs only)")}
 

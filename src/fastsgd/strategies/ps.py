@@ -50,6 +50,7 @@ class ParameterServer(Configurable, section="strategy"):
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = CODEC_KINDS  # a server forgets a lost worker (not a lost server)
     CARRIES_ON_REAL = True  # also on real processes: no collective while training
+    REJOINS = ("exact",)  # a new worker may take a lost one's place (run.rejoin)
     OPTIONS = {
         "n_push": Option(int, 1, at_least(1), "steps between pushes"),
         "n_fetch": Option(int, 1, at_least(1), "steps between fetches"),
@@ -199,6 +200,16 @@ class ParameterServer(Configurable, section="strategy"):
     def load_in_flight(self, saved: dict[str, Any]) -> None:
         self._pushed, self._last_fetch = saved["pushed"], saved["last_fetch"]
         self._versions = list(saved["versions"])
+
+    def donate(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A worker joins from this one's state (run.rejoin): not its server role, which
+        stays with its rank (servers are never replaced: first_expendable)."""
+        return {k: v for k, v in state.items() if k not in ("shard", "version", "told")}
+
+    def joined(self, step: int, params: Params) -> None:
+        """This process took a lost worker's place: it pushes only its own progress from
+        here on (the donor pushes what it had made)."""
+        self._pushed = flatten(params).clone()
 
     def _take_replies(self, local: torch.Tensor, replies: list, step: int,
                       state: dict[str, Any]) -> torch.Tensor:

@@ -96,6 +96,11 @@ class Messenger:
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._threads: list[threading.Thread] = []
         self._closing = False
+        # per rank a new worker will join as: what was sent to it before it connected
+        self._held: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._expected: dict[int, int] = {}  # per rank: the joins announced (expect)
+        self._arrived: dict[int, int] = {}  # per rank: the joiners connected (_accept)
+        self._links_lock = threading.Lock()  # the links and _held, between the threads
         if world_size > 1:
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
         for peer, sock in socks.items():
@@ -107,14 +112,18 @@ class Messenger:
                                               name=f"fastsgd-read-{rank}"))
         self._threads[-1].start()
 
-    def _attach(self, peer: int, sock: socket.socket) -> None:
+    def _attach(self, peer: int, sock: socket.socket, joined: bool = False) -> None:
         """A connection to `peer`, from the start or from a worker that joined in place of a
         lost one: its messages go there from now on."""
-        old = self._links.get(peer)
-        if old is not None:  # the lost one's: its sender thread ends
-            old.outbox.put(None)
-        link = self._links[peer] = _Link(sock, peer)
-        self.mailbox.welcome(peer)
+        with self._links_lock:
+            old = self._links.get(peer)
+            if old is not None:  # the lost one's: its sender thread ends
+                old.outbox.put(None)
+            link = self._links[peer] = _Link(sock, peer)
+            self._arrived[peer] = self._arrived.get(peer, 0) + joined
+            for frame in self._held.pop(peer, []):
+                link.outbox.put(frame)
+            self.mailbox.welcome(peer)
         self._selector.register(sock, selectors.EVENT_READ, link)
         thread = threading.Thread(target=self._send_loop, args=(link,), daemon=True,
                                   name=f"fastsgd-send-{self.rank}-{peer}")
@@ -127,9 +136,24 @@ class Messenger:
         payload = tensor.detach().reshape(-1).to("cpu", copy=True).contiguous()
         if dst == self.rank:
             self._dispatch(tag, dst, payload, step)
-        elif dst not in self.mailbox.lost:  # a lost peer takes nothing more
-            self._links[dst].outbox.put((frames.header(payload, tag, step), payload))
+            return payload
+        frame = (frames.header(payload, tag, step), payload)
+        with self._links_lock:
+            if dst in self._held:  # a new worker joins as dst: it gets it once connected
+                self._held[dst].append(frame)
+            elif dst not in self.mailbox.lost:  # a lost peer takes nothing more
+                self._links[dst].outbox.put(frame)
         return payload
+
+    def expect(self, rank: int) -> None:
+        """A new worker will join as `rank` (run.rejoin): from now on what is sent to it is
+        held until it has connected, and waits for its messages wait (it is not lost any
+        more), also if the lost one's connection ends only after this."""
+        with self._links_lock:
+            self._expected[rank] = self._expected.get(rank, 0) + 1
+            if self._arrived.get(rank, 0) < self._expected[rank]:
+                self._held.setdefault(rank, [])
+                self.mailbox.welcome(rank)
 
     def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
         """Hand every message with `tag` to `handler` from now on, starting with those already
@@ -186,7 +210,7 @@ class Messenger:
             sock.close()
             return
         with self._dispatch_lock:
-            self._attach(peer, sock)
+            self._attach(peer, sock, joined=True)
 
     def _read(self, link: _Link) -> None:
         try:
@@ -197,7 +221,10 @@ class Messenger:
             self._selector.unregister(link.sock)
             self.departures.setdefault(link.peer, []).append(
                 (link.last_step + 1, time.perf_counter()))
-            if self._links.get(link.peer) is link:  # not one a joiner has replaced since
+            with self._links_lock:  # lost, unless a joiner replaced it or is announced
+                lost = (self._links.get(link.peer) is link and
+                        self._arrived.get(link.peer, 0) >= self._expected.get(link.peer, 0))
+            if lost:
                 self.mailbox.lose(link.peer)
             return
         link.got += got

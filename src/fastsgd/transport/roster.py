@@ -23,12 +23,16 @@ class Roster:
         self.returns: dict[int, list[int]] = {}  # rank -> the steps it came back at
         self.seeded: dict[int, list[tuple[int, float]]] = {}  # rank -> departures before
 
-    def note_returns(self, joined_at: list[int]) -> None:
-        """The launcher's latest return step per rank (0: none); each new one is recorded."""
+    def note_returns(self, joined_at: list[int]) -> list[int]:
+        """The launcher's latest return step per rank (0: none); each new one is recorded.
+        Returns the ranks with a new one."""
+        new = []
         for rank, step in enumerate(joined_at):
             known = self.returns.setdefault(rank, [])
             if step and (not known or known[-1] != step):
                 known.append(step)
+                new.append(rank)
+        return new
 
     def departures(self, own: dict[int, list[tuple[int, float]]]
                    ) -> dict[int, list[tuple[int, float]]]:

@@ -107,6 +107,8 @@ class TorchTransport:
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self._store = joining_store(timeout) if self._joining else None
+        if self._joining:  # fault tests: a joiner that connects late (its peers hold for it)
+            time.sleep(float(os.environ.get("FASTSGD_TEST_JOIN_DELAY", 0)))
         self.roster = Roster()
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -354,8 +356,10 @@ class TorchTransport:
     def compute(self, phase: str, step: int) -> None:
         """Real compute took the time it took: nothing to charge; the step stamps messages.
         Each step, the launcher's word of workers that joined (run.rejoin) is read."""
-        if phase == "forward" and self._survivors is not None:
-            self.roster.note_returns(interrupt.joined_at())
+        if phase == "forward" and self._survivors is not None and self._messenger:
+            for rank in self.roster.note_returns(interrupt.joined_at()):
+                if rank != self.rank:
+                    self._messenger.expect(rank)
         self._step = step
 
     def close(self) -> None:
