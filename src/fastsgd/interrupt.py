@@ -48,30 +48,37 @@ class Stop:
         # the step from which a worker started again in place of a lost one is back (0: none)
         self.joined_at = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
         self.donor = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
+        # the steps the last lost process of each rank had done, before a new one took over
+        self.left_after = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
 
-    def request(self, set_stop: bool = True) -> int:
-        """Set the step every worker stops after (`set_stop`); returns it: a little ahead of
-        the furthest worker, so that none is past it by the time it reads it."""
+    def request(self) -> int:
+        """Set the step every worker stops after; returns it."""
         before = max(self.progress)
         time.sleep(0.02)
         now = max(self.progress)
-        ahead = now + 2 + 5 * (now - before)
-        if set_stop:
-            self.stop_at.value = ahead
-        return ahead
+        self.stop_at.value = now + 2 + 5 * (now - before)
+        return self.stop_at.value
 
     def after(self, rank: int, step: int) -> bool:
         self.progress[rank] = step
         return self.stop_at.value == step
 
-    def rejoin(self, rank: int, donor: int) -> int:
+    def rejoin(self, rank: int, donor: int, steps: int) -> int | None:
         """A worker starts again in place of lost `rank`, from `donor`'s state: the step it
-        is back from, set ahead of the furthest worker as for a stop (every worker reads it
-        before it gets there: the step it is back from is the same for all)."""
-        self.ready[rank] = 0  # until it is connected and has its state
+        is back from, set ahead of the furthest worker (every worker reads it before it
+        gets there, so all count it back from the same step); None when that is not before
+        the run's last step (`steps`): then nothing is set."""
+        before = max(self.progress)
+        time.sleep(0.05)
+        now = max(self.progress)
+        step = now + 4 + 5 * (now - before)  # a quarter of a second of steps, at least 4
+        if step >= steps:
+            return None
+        self.ready[rank] = 0  # until it is connected
         self.donor[rank] = donor
-        self.joined_at[rank] = self.request(set_stop=False)
-        return self.joined_at[rank]
+        self.left_after[rank] = self.progress[rank]
+        self.joined_at[rank] = step
+        return step
 
 
 class StoreStop:
@@ -214,6 +221,12 @@ def donors() -> dict[int, tuple[int, int]]:
         return {}
     return {r: (int(step), int(_SHARED.donor[r])) for r, step in enumerate(_SHARED.joined_at)
             if step}
+
+
+def left_after(rank: int) -> int | None:
+    """How many steps the last process of `rank` that a new one replaced had done, as the
+    launcher's shared memory says (None outside `fastsgd run`'s workers)."""
+    return int(_SHARED.left_after[rank]) if isinstance(_SHARED, Stop) else None
 
 
 def joined_at() -> list[int]:

@@ -59,8 +59,10 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
     errors = ctx.SimpleQueue()
     port = free_port()
     stop = Stop(ctx, workers)
-    procs = [ctx.Process(target=_child, args=(fn, rank, workers, port, errors, restart, stop),
-                         name=f"fastsgd-worker-{rank}") for rank in range(workers)]
+    join = "" if rejoin is not None else None  # "": the workers accept joiners
+    procs = [ctx.Process(target=_child, args=(fn, rank, workers, port, errors, restart, stop,
+                                              join), name=f"fastsgd-worker-{rank}")
+             for rank in range(workers)]
     with catching():
         try:
             for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
@@ -163,10 +165,8 @@ class _Rejoin:
         if not running:
             return None
         donor = min(running)
-        step = self.stop.rejoin(rank, donor)
-        if step >= self.steps:
-            self.stop.joined_at[rank] = 0
-            self.stop.ready[rank] = 1
+        step = self.stop.rejoin(rank, donor, self.steps)
+        if step is None:
             return None
         joiner = self.ctx.Process(target=_child, args=(
             self.fn, rank, self.workers, self.port, self.errors, self.restart, self.stop,
@@ -215,9 +215,13 @@ def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Excepti
 
 def _child(fn: Callable[[], object], rank: int, world: int, port: int,
            errors: mp.SimpleQueue, restart: int, stop: Stop, join: str | None = None) -> None:
+    """`join`: None, or the run takes new workers in lost ones' places (run.rejoin): "",
+    or "STEP:DONOR" in such a new worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (interrupt.py)
     share(stop)
-    if join is not None:  # in place of a lost worker: FASTSGD_JOIN=STEP:DONOR
+    if join is not None:
+        os.environ["FASTSGD_REJOIN"] = "1"  # keep the message port open for joiners
+    if join:
         os.environ["FASTSGD_JOIN"] = join
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank),

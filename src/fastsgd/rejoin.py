@@ -31,9 +31,18 @@ if TYPE_CHECKING:
 JOIN_TAG = 31  # the donor's state for a joiner
 
 
+def at_step(loop: Loop, step: int) -> None:
+    """At the start of each step: learn of workers that join (transport/roster.py), and
+    give one that joins at this step from this worker's state its state."""
+    note = getattr(loop.t, "note_returns", None)
+    if note is not None:
+        note()
+    donate(loop, step)
+
+
 def donate(loop: Loop, step: int) -> None:
-    """At the start of `step`: send the state to every worker that joins at this step from
-    this one's (once each: a rank may be lost and replaced again)."""
+    """Send the state to every worker that joins at `step` from this one's (once each: a
+    rank may be lost and replaced again)."""
     for joiner, (at, donor) in interrupt.donors().items():
         if at != step or donor != loop.rank or (joiner, at) in loop.donated:
             continue
@@ -54,8 +63,8 @@ def donate(loop: Loop, step: int) -> None:
 def join(loop: Loop) -> int:
     """In a new worker: wait for the donor's state, take it on, and return the step to train
     from."""
-    step, _ = interrupt.joining() or (0, 0)
-    _, buffer = loop.t.wait_message(JOIN_TAG)
+    step, donor = interrupt.joining() or (0, 0)
+    buffer = loop.t.take_from(JOIN_TAG, donor)
     saved = checkpoint.load(buffer.cpu().numpy().tobytes())
     loop.model.load_state_dict(saved["model"])
     loop.optimizer.load_state_dict(saved["optimizer"])

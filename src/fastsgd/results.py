@@ -58,12 +58,17 @@ def lost_workers(loop: Loop) -> list[dict[str, Any]]:
 
 def rejoined_workers(loop: Loop) -> list[dict[str, Any]]:
     """Each worker lost and replaced by a new process that joined (run.rejoin): its rank,
-    the step it left at (as this worker saw it), when, and the step the new one joined at."""
-    rejoins = getattr(loop.t, "rejoins", lambda: [])()
-    return [{"worker": r["rank"], "left_at_step": r["left_at_step"],
-             "time": round(r["lost_at"] - loop.start, 3),
-             "joined_at_step": r["back_at_step"]}
-            for r in rejoins if r["back_at_step"] is not None]
+    the step the new one joined at, the steps the lost one had done (the launcher's count
+    for the last one of a rank; else the step after its last message to this worker), and
+    when it was lost."""
+    rejoins = [r for r in getattr(loop.t, "rejoins", lambda: [])()
+               if r["back_at_step"] is not None]
+    last = {r["rank"]: r for r in rejoins}  # the launcher knows how far the last one got
+    return [{"worker": r["rank"], "joined_at_step": r["back_at_step"],
+             "left_at_step": (interrupt.left_after(r["rank"]) if r is last[r["rank"]]
+                              else None) or r["left_at_step"],
+             "time": round(r["lost_at"] - loop.start, 3)}
+            for r in rejoins]
 
 
 def summary(loop: Loop, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:

@@ -145,7 +145,7 @@ class _Loop:
         every = self.plan.config["run"]["checkpoint_every"]
         while k < self.steps:
             try:
-                rejoin.donate(self, k)
+                rejoin.at_step(self, k)
                 loss = self.step(k)
                 if self.eval_every and (k + 1) % self.eval_every == 0:
                     self.evaluate(k + 1)

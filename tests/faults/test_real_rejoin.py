@@ -12,7 +12,7 @@ import pytest
 
 from fastsgd.transport.roster import Roster
 
-STEPS, KILLED_AT, EVAL_EVERY = 160, 40, 40
+STEPS, KILLED_AT, EVAL_EVERY = 300, 40, 100
 JOINED = re.compile(r"fastsgd: worker 2 was killed by signal 9 \(SIGKILL\); a new worker takes "
                     r"its place from step (\d+), with worker 0's state")
 

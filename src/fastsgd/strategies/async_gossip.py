@@ -128,7 +128,7 @@ class SGP(_OnGraph):
         peers = [p for p in self.topology.out_neighbors(t.rank, ctx.step) if p not in gone]
         share = state["weight"] * (self._step / (len(peers) + 1))
         for peer in peers:
-            self._push(t, peer, z, share, state)
+            self._push(t, peer, z, share, state, ctx.step)
         return peers, share
 
     def _mixed(self, z: torch.Tensor, peers: list[int], share: torch.Tensor,
@@ -183,13 +183,16 @@ class SGP(_OnGraph):
         self._since, self._received = step, 0
 
     def _push(self, t, peer: int, z: torch.Tensor, share: torch.Tensor,
-              state: dict[str, Any]) -> None:
+              state: dict[str, Any], step: int) -> None:
         """Send `peer` a share of weight and the compressed change of z since the edge's copy
         (Taheri et al. 2020 track such copies for quantized push-sum), and move the copy on as
         the peer will: the peer takes it for z."""
-        number = state["pushed"].get(peer, 0)
-        state["pushed"][peer] = number + 1
-        number = [self._since, number]  # a joiner's pushes start a new sequence
+        # numbered per edge and per process at each end: a new process that took a lost
+        # one's place, sending or receiving, starts a new sequence (run.rejoin)
+        edge = (peer, t.returned_at(peer, step))
+        number = state["pushed"].get(edge, 0)
+        state["pushed"][edge] = number + 1
+        number = [self._since, number]
         exact = self._codec.kind == "exact"  # then z itself: no copies to keep
         copy = None if exact else _copy(state, "sent", peer)
         change = z if copy is None else (z.double() - copy).to(z.dtype)

@@ -122,6 +122,11 @@ class Transport(Protocol):
         those a worker that joined in their place stands for again (run.rejoin)."""
         ...
 
+    def returned_at(self, rank: int, step: int) -> int:
+        """The step from which the process now standing for `rank` at `step` takes part: 0,
+        or the step a new worker joined at in a lost one's place (run.rejoin)."""
+        ...
+
     def now(self) -> float:
         """Seconds since the transport started: wall clock, or the virtual clock."""
         ...

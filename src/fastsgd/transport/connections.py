@@ -57,9 +57,9 @@ def rejoin(rank: int, world_size: int, store, key: str, host: str, timeout: floa
     return socks, listener
 
 
-def hello(sock: socket.socket) -> int:
+def hello(sock: socket.socket, timeout: float = 30.0) -> int:
     """The rank a new connection says it comes from (it must say so at once)."""
-    sock.settimeout(30.0)
+    sock.settimeout(timeout)
     words = torch.empty(frames.HEADER_WORDS + 1, dtype=torch.int64)
     view = frames.as_bytes(words)
     got = 0

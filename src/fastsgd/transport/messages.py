@@ -73,11 +73,13 @@ class Messenger:
     (see the module docstring). `store`: the job's key-value store, where each rank
     publishes the address it listens on (`host`, a free port) under `key`. `on_receive(tag,
     payload)` is told of every frame from a peer as it arrives (to count bytes). `joining`:
-    this process takes the place of a lost worker in a running job."""
+    this process takes the place of a lost worker in a running job; `accept`: the listener
+    stays open for such workers (run.rejoin)."""
 
     def __init__(self, rank: int, world_size: int,
                  on_receive: Callable[[int, torch.Tensor], None],
-                 store, key: str, host: str, timeout: float = 300.0, joining: bool = False):
+                 store, key: str, host: str, timeout: float = 300.0, joining: bool = False,
+                 accept: bool = False):
         self.rank, self.world_size = rank, world_size
         self.mailbox = Mailbox()
         self._on_receive = on_receive
@@ -93,7 +95,11 @@ class Messenger:
                                                                  host, timeout)
         self._links: dict[int, _Link] = {}
         self._selector = selectors.DefaultSelector()
-        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        if accept:
+            self._selector.register(self._listener, selectors.EVENT_READ, None)
+        else:
+            self._listener.close()
+        self._retired: list[_Link] = []  # lost ones' connections that joiners replaced
         self._threads: list[threading.Thread] = []
         self._closing = False
         # per rank a new worker will join as: what was sent to it before it connected
@@ -119,6 +125,7 @@ class Messenger:
             old = self._links.get(peer)
             if old is not None:  # the lost one's: its sender thread ends
                 old.outbox.put(None)
+                self._retired.append(old)
             link = self._links[peer] = _Link(sock, peer)
             self._arrived[peer] = self._arrived.get(peer, 0) + joined
             for frame in self._held.pop(peer, []):
@@ -202,14 +209,18 @@ class Messenger:
             self.mailbox.fail(e)
 
     def _accept(self) -> None:
-        """A worker joins in place of a lost one (FASTSGD_JOIN, launch.py)."""
+        """A worker joins in place of a lost one (FASTSGD_JOIN, launch.py). Whatever else
+        connects (not a fastsgd worker, or too late) is closed."""
         sock, _ = self._listener.accept()
         try:
-            peer = hello(sock)
-        except (OSError, ConnectionError):
+            peer = hello(sock, timeout=5.0)
+        except Exception:  # noqa: BLE001 - a stranger: it does not stop this worker
             sock.close()
             return
         with self._dispatch_lock:
+            if self._closing or not 0 <= peer < self.world_size or peer == self.rank:
+                sock.close()
+                return
             self._attach(peer, sock, joined=True)
 
     def _read(self, link: _Link) -> None:
@@ -249,12 +260,14 @@ class Messenger:
     def close(self, timeout: float = 30.0) -> None:
         """Collective: send every queued frame and a goodbye to each peer, wait until each
         peer's goodbye came (so everything sent here was delivered) or it is gone."""
-        self._closing = True
-        for link in self._links.values():
+        with self._dispatch_lock:  # no joiner is attached from now on
+            self._closing = True
+            links = list(self._links.values())
+        for link in links:
             link.outbox.put(None)
-        for thread in self._threads:
+        for thread in list(self._threads):
             thread.join(timeout)
         self._selector.close()
         self._listener.close()
-        for link in self._links.values():
+        for link in links + self._retired:
             link.sock.close()

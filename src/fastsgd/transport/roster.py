@@ -38,8 +38,9 @@ class Roster:
                    ) -> dict[int, list[tuple[int, float]]]:
         """Every departure known, by rank: the seeded ones, then this process's (`own`)."""
         merged = {r: list(d) for r, d in self.seeded.items()}
-        for rank, found in own.items():
-            merged.setdefault(rank, []).extend(d for d in found if d not in merged[rank])
+        for rank, found in own.items():  # one death, seen by the donor and by this one
+            seen = {at for at, _ in merged.setdefault(rank, [])}
+            merged[rank].extend(d for d in found if d[0] not in seen)
         return {r: sorted(d) for r, d in merged.items() if d}
 
     def absent(self, own: dict[int, list[tuple[int, float]]], step: int) -> set[int]:

@@ -104,8 +104,9 @@ class TorchTransport:
         self._group, sockets = open_group(None) if not self._joining else (None, None)
         self.backend = backend
         self._timeout = timeout
-        self.rank = int(os.environ["RANK"])
-        self.world_size = int(os.environ["WORLD_SIZE"])
+        joining = self._joining
+        self.rank = int(os.environ["RANK"]) if joining else dist.get_rank()
+        self.world_size = int(os.environ["WORLD_SIZE"]) if joining else dist.get_world_size()
         self._store = joining_store(timeout) if self._joining else None
         if self._joining:  # fault tests: a joiner that connects late (its peers hold for it)
             time.sleep(float(os.environ.get("FASTSGD_TEST_JOIN_DELAY", 0)))
@@ -251,7 +252,8 @@ class TorchTransport:
             self._messenger = Messenger(self.rank, self.world_size, self._count_received,
                                         self.store(), f"fastsgd/messages/{_messengers_made}",
                                         address_towards(os.environ["MASTER_ADDR"]),
-                                        self._timeout, joining=self._joining)
+                                        self._timeout, joining=self._joining,
+                                        accept=os.environ.get("FASTSGD_REJOIN") == "1")
 
     def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
         """Send an asynchronous message; the receiver takes it with poll or wait_message.
@@ -332,6 +334,10 @@ class TorchTransport:
         self.roster.load(saved["roster"])
         self._survivors.calls = int(saved["collectives"])
 
+    def returned_at(self, rank: int, step: int) -> int:
+        """The step the process standing for `rank` at `step` joined at (0: the first)."""
+        return max([s for s in self.roster.returns.get(rank, []) if s <= step], default=0)
+
     def rejoins(self) -> list[dict[str, float]]:
         """Every departure this worker knows of, with the step a worker took its place from
         (None: not back), for the summary."""
@@ -354,13 +360,16 @@ class TorchTransport:
         """Real time cannot be paused; kept for symmetry with the simulator."""
 
     def compute(self, phase: str, step: int) -> None:
-        """Real compute took the time it took: nothing to charge; the step stamps messages.
-        Each step, the launcher's word of workers that joined (run.rejoin) is read."""
-        if phase == "forward" and self._survivors is not None and self._messenger:
+        """Real compute took the time it took: nothing to charge; the step stamps messages."""
+        self._step = step
+
+    def note_returns(self) -> None:
+        """At the start of each step: the launcher's word of new workers that join in lost
+        ones' places (run.rejoin), and from which step."""
+        if self._survivors is not None and self._messenger is not None:
             for rank in self.roster.note_returns(interrupt.joined_at()):
                 if rank != self.rank:
                     self._messenger.expect(rank)
-        self._step = step
 
     def close(self) -> None:
         """Stop the messenger and destroy this transport's group, and the default group if

@@ -188,6 +188,9 @@ class SimTransport:
         membership = self.fabric.membership
         return {r: (membership.dead[r], membership.when[r]) for r in membership.known}
 
+    def returned_at(self, rank: int, step: int) -> int:
+        return 0  # no rejoins in the simulator yet
+
     def absent(self, step: int) -> set[int]:
         """The workers that take no part in `step` (no rejoins in the simulator yet)."""
         return {r for r, (left, _) in self.departed().items() if left <= step}
