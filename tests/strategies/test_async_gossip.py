@@ -121,3 +121,36 @@ def test_replicas_end_averaged_unless_asked_not_to(name, synthetic, tmp_path):
         result = job.simulate(workers=4, network=JITTERY)
         spread[average] = result.summary["consensus_distance"]
     assert spread[True] < 1e-12 < 1e-6 < spread[False]
+
+
+def test_push_numbers_start_again_for_a_new_process_at_either_end():
+    """run.rejoin: a sender numbers its pushes to a rank from 0 again once a new process
+    stands for that rank (the new one waits for number 0), and a joiner's pushes carry the
+    step it joined at, so a receiver keeps them apart from the lost one's."""
+    from fastsgd.compress.wire import unpack
+
+    class Sent:
+        rank, posted = 0, []
+
+        def returned_at(self, rank, step):
+            return 10 if rank == 2 and step >= 10 else 0
+
+        def post(self, buffer, dst, tag):
+            self.posted.append(buffer)
+
+    sgp, t = SGP(), Sent()
+    sgp._codec, sgp._since = build_compressor({"name": "none"}), 0
+    sgp._fields = ["values", "weight", "number"]
+    state = {"pushed": {}}
+    z, share = torch.zeros(3), torch.ones(1, dtype=torch.float64)
+    for step in (8, 9, 10, 11):
+        sgp._push(t, 2, z, share, state, step)
+    numbers = [unpack(b, sgp._fields)["number"].tolist() for b in t.posted]
+    assert numbers == [[0, 0], [0, 1], [0, 0], [0, 1]]
+    sgp.joined(10, [])  # this process took a lost one's place at step 10
+    sgp._push(t, 1, z, share, state, 12)
+    assert unpack(t.posted[-1], sgp._fields)["number"].tolist() == [10, 0]
+    held = {}
+    state = {"held": held, "taken": {(1, 0): 5}}
+    sgp._hold([(1, t.posted[-1])], state)
+    assert [src for src, _ in sgp._in_order([], state)] == [1]  # applied: a new sequence
