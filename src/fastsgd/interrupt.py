@@ -72,6 +72,9 @@ class Stop:
         time.sleep(0.05)
         now = max(self.progress)
         step = now + 4 + 5 * (now - before)  # a quarter of a second of steps, at least 4
+        # after the one before of this rank: the workers tell returns apart by their step
+        # (a replacement killed before the others got past its step would get it again)
+        step = max(step, self.joined_at[rank] + 1)
         if step >= steps:
             return None
         self.ready[rank] = 0  # until it is connected
