@@ -56,6 +56,22 @@ class Roster:
                     out.add(rank)
         return out
 
+    def returned_at(self, rank: int, step: int) -> int:
+        """The step the process standing for `rank` at `step` joined at (0: the first)."""
+        return max([s for s in self.returns.get(rank, []) if s <= step], default=0)
+
+    def history(self, own: dict[int, list[tuple[int, float]]], start: float
+                ) -> list[dict[str, Any]]:
+        """Each departure, when (seconds after `start`) and the step a new process took the
+        rank's place from (None: not back)."""
+        out = []
+        for rank, left in self.departures(own).items():
+            back = self.returns.get(rank, [])
+            out += [{"rank": rank, "left_at_step": at, "lost_at": round(when - start, 3),
+                     "back_at_step": back[i] if i < len(back) else None}
+                    for i, (at, when) in enumerate(left)]
+        return out
+
     def state(self, own: dict[int, list[tuple[int, float]]]) -> dict[str, Any]:
         """What a joiner starting from this worker needs to know."""
         return {"departures": self.departures(own), "returns": self.returns}

@@ -336,20 +336,14 @@ class TorchTransport:
 
     def returned_at(self, rank: int, step: int) -> int:
         """The step the process standing for `rank` at `step` joined at (0: the first)."""
-        return max([s for s in self.roster.returns.get(rank, []) if s <= step], default=0)
+        return self.roster.returned_at(rank, step)
 
     def rejoins(self) -> list[dict[str, float]]:
         """Every departure this worker knows of, with the step a worker took its place from
         (None: not back), for the summary."""
         if self._messenger is None:
             return []
-        out = []
-        for rank, left in self.roster.departures(self._messenger.departures).items():
-            back = self.roster.returns.get(rank, [])
-            out += [{"rank": rank, "left_at_step": at, "lost_at": round(when - self._start, 3),
-                     "back_at_step": back[i] if i < len(back) else None}
-                    for i, (at, when) in enumerate(left)]
-        return out
+        return self.roster.history(self._messenger.departures, self._start)
 
     def now(self) -> float:
         if self.device.type == "cuda":
