@@ -29,6 +29,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+# A new worker's exit status when the worker it was to take its state from was lost first:
+# the launcher takes it for lost too, and starts another from a live worker (launch.py)
+DONOR_LOST = 75
+
 _SHARED: Stop | StoreStop | None = None  # set in each forked worker (launch.py), or torchrun's
 
 
@@ -63,6 +67,12 @@ class Stop:
         self.progress[rank] = step
         return self.stop_at.value == step
 
+    def settled(self, rank: int) -> bool:
+        """Has the process standing for `rank` its state: it started with the run, or it
+        joined and has done its first step since (a joiner still waiting for its donor's
+        state has none to give)."""
+        return not self.joined_at[rank] or self.progress[rank] > self.joined_at[rank]
+
     def rejoin(self, rank: int, donor: int, steps: int) -> int | None:
         """A worker starts again in place of lost `rank`, from `donor`'s state: the step it
         is back from, set ahead of the furthest worker (every worker reads it before it
@@ -79,7 +89,7 @@ class Stop:
             return None
         self.ready[rank] = 0  # until it is connected
         self.donor[rank] = donor
-        self.left_after[rank] = self.progress[rank]
+        self.left_after[rank] = max(self.progress[rank], self.joined_at[rank])  # a joiner: J
         self.joined_at[rank] = step
         return step
 

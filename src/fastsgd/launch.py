@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
-from fastsgd.interrupt import Stop, catching, share
+from fastsgd.interrupt import DONOR_LOST, Stop, catching, share
 
 STOP_WITHIN = 4.5  # seconds the workers have to stop on Ctrl-C
 # the reports of failed workers share the error queue's pipe (64 kB): a worker whose report
@@ -117,8 +117,8 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
             p.join()
             running.remove(p)
             rank = procs.index(p)
-            if (p.exitcode < 0 and expendable is not None and rank >= expendable
-                    and all(ready)):
+            if ((p.exitcode < 0 or p.exitcode == DONOR_LOST) and expendable is not None
+                    and rank >= expendable and all(ready)):
                 lost.add(rank)
                 if survivors_stop or len(lost) == len(procs):
                     continue
@@ -160,11 +160,12 @@ class _Rejoin:
         self.errors, self.restart, self.stop, self.steps = errors, restart, stop, steps
 
     def start(self, rank: int, running: list[int]) -> mp.process.BaseProcess | None:
-        """The new process for lost `rank`, joining from the lowest running worker's state;
+        """The new process for lost `rank`, joining from the state of the lowest running
+        worker that has one (not another joiner still waiting for its own);
         None when there is none, or the run ends before it could join."""
         if not running:
             return None
-        donor = min(running)
+        donor = min([r for r in running if self.stop.settled(r)] or running)
         step = self.stop.rejoin(rank, donor, self.steps)
         if step is None:
             return None
@@ -200,6 +201,9 @@ def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Excepti
         name = signal.Signals(-exitcode).name
         return WorkerFailed(f"worker {rank} was killed by signal {-exitcode} ({name})",
                             died=True)
+    if exitcode == DONOR_LOST:
+        return WorkerFailed(f"worker {rank}, a new process, lost the worker it was to take "
+                            "its state from before it had it", died=True)
     reports = []
     while not errors.empty():
         reports.append(errors.get())

@@ -16,7 +16,9 @@ numbers would not be independent.
 from __future__ import annotations
 
 import io
+import os
 import random
+import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -24,11 +26,13 @@ import numpy as np
 import torch
 
 from fastsgd import checkpoint, interrupt, resume
+from fastsgd.transport import frames
+from fastsgd.transport.base import PeerLost
 
 if TYPE_CHECKING:
     from fastsgd.worker import _Loop as Loop
 
-JOIN_TAG = 31  # the donor's state for a joiner
+JOIN_TAG = frames.JOIN_TAG  # the donor's state for a joiner
 
 
 def at_step(loop: Loop, step: int) -> None:
@@ -36,7 +40,7 @@ def at_step(loop: Loop, step: int) -> None:
     give one that joins at this step from this worker's state its state."""
     note = getattr(loop.t, "note_returns", None)
     if note is not None:
-        note()
+        note(step)
     donate(loop, step)
 
 
@@ -47,6 +51,9 @@ def donate(loop: Loop, step: int) -> None:
         if at != step or donor != loop.rank or (joiner, at) in loop.donated:
             continue
         loop.donated.add((joiner, at))
+        if (os.environ.get("FASTSGD_TEST_KILL_DONOR") == str(loop.rank)
+                and interrupt.joining() is None):  # fault tests: a donor that dies first
+            os.kill(os.getpid(), signal.SIGKILL)
         replica = loop.replica.state_dict()
         split = getattr(loop.replica.strategy, "donate", None)  # else the state as it is
         replica["strategy"] = split(loop.replica.state) if split else loop.replica.state
@@ -64,7 +71,12 @@ def join(loop: Loop) -> int:
     """In a new worker: wait for the donor's state, take it on, and return the step to train
     from."""
     step, donor = interrupt.joining() or (0, 0)
-    buffer = loop.t.take_from(JOIN_TAG, donor)
+    try:
+        buffer = loop.t.take_from(JOIN_TAG, donor, step)
+    except PeerLost:  # the donor's process died first (another may stand for it since)
+        # leave as a lost worker does, without a goodbye: the others count this process out
+        # from its join step, and the launcher starts another from a live worker's state
+        os._exit(interrupt.DONOR_LOST)
     saved = checkpoint.load(buffer.cpu().numpy().tobytes())
     loop.model.load_state_dict(saved["model"])
     loop.optimizer.load_state_dict(saved["optimizer"])

@@ -32,6 +32,9 @@ CASES = {  # id: (strategy, the killed rank, where the kill is, the steps it had
     # its message of the round reaches worker 3, not worker 1: the two close the ring
     # around it one round apart (transport/exchange.py)
     "dpsgd-ring-between-its-sends": ("dpsgd-ring", 2, f"{KILLED_AT}:exchange", KILLED_AT - 1),
+    # in its first step, before its first exchange, after the start-up's collectives
+    # (which do not say how far it got): it left at step 0 (its peers waited for good)
+    "dpsgd-ring-in-its-first-step": ("dpsgd-ring", 2, "1:parameters", 0),
     # worker 0 evaluates and writes the results: worker 1 takes over, with its eval log
     **{f"{s}-worker-0": (s, 0, f"{KILLED_AT}", KILLED_AT) for s in ("sgp", "adpsgd")},
     "dpsgd-ring-worker-0": ("dpsgd-ring", 0, f"{KILLED_AT}", KILLED_AT),

@@ -33,16 +33,16 @@ def connect(rank: int, world_size: int, store, key: str, host: str,
             raise UserError(f"worker {rank}: no message connection from worker {missing} "
                             f"within run.timeout = {timeout:g} s (each worker's message "
                             "port must be reachable: docs/multihost.md)") from None
-        socks[hello(sock)] = sock
+        socks[hello(sock)[0]] = sock
     listener.settimeout(None)
     return socks, listener
 
 
-def rejoin(rank: int, world_size: int, store, key: str, host: str, timeout: float
-           ) -> tuple[dict[int, socket.socket], socket.socket]:
-    """A worker that joins a running job in place of a lost one (rank `rank`): it listens
-    and publishes its address (for those who join after it), then connects to every peer
-    still listening; a peer that is gone refuses, and is left out."""
+def rejoin(rank: int, world_size: int, store, key: str, host: str, timeout: float,
+           since: int = 0) -> tuple[dict[int, socket.socket], socket.socket]:
+    """A worker that joins a running job in place of a lost one (rank `rank`), at step
+    `since`: it listens and publishes its address (for those who join after it), then
+    connects to every peer still listening; a peer that is gone refuses, and is left out."""
     listener = _listen(rank, world_size, store, key, host)
     socks = {}
     for peer in range(world_size):
@@ -53,12 +53,13 @@ def rejoin(rank: int, world_size: int, store, key: str, host: str, timeout: floa
         except OSError:
             continue  # that worker is gone too
         sock.settimeout(None)
-        socks[peer] = _introduce(rank, peer, sock)
+        socks[peer] = _introduce(rank, peer, sock, since)
     return socks, listener
 
 
-def hello(sock: socket.socket, timeout: float = 30.0) -> int:
-    """The rank a new connection says it comes from (it must say so at once)."""
+def hello(sock: socket.socket, timeout: float = 30.0) -> tuple[int, int]:
+    """The rank a new connection says it comes from (it must say so at once), and the first
+    step its process sends for (0, or the step a joiner joins at)."""
     sock.settimeout(timeout)
     words = torch.empty(frames.HEADER_WORDS + 1, dtype=torch.int64)
     view = frames.as_bytes(words)
@@ -73,7 +74,7 @@ def hello(sock: socket.socket, timeout: float = 30.0) -> int:
         raise frames.MalformedFrame("a connection to this worker did not start with a hello")
     sock.settimeout(None)
     _tuned(sock)
-    return int(words[-1])
+    return int(words[-1]), frames.step_of(words[:frames.HEADER_WORDS])
 
 
 def _listen(rank: int, world_size: int, store, key: str, host: str) -> socket.socket:
@@ -88,9 +89,10 @@ def _address(store, key: str, peer: int) -> tuple[str, int]:
     return address, int(port)
 
 
-def _introduce(rank: int, peer: int, sock: socket.socket) -> socket.socket:
+def _introduce(rank: int, peer: int, sock: socket.socket, since: int = 0) -> socket.socket:
     me = torch.tensor([rank])
-    sock.sendall(bytes(frames.as_bytes(frames.header(me, HELLO_TAG))) + bytes(frames.as_bytes(me)))
+    said = frames.header(me, HELLO_TAG, since)
+    sock.sendall(bytes(frames.as_bytes(said)) + bytes(frames.as_bytes(me)))
     return _tuned(sock)
 
 

@@ -26,10 +26,11 @@ from collections.abc import Callable
 
 import torch
 
+from fastsgd.transport import frames
 from fastsgd.transport.base import PeerLost
 from fastsgd.transport.messages import Messenger
 
-TAG = -3  # the messages of `exchange`
+TAG = frames.EXCHANGE_TAG
 KEEP = 2  # rounds whose outgoing message is kept: this one and the one before
 
 Take = Callable[[int, int], tuple[int, torch.Tensor]]  # (src, step) -> (sent at, payload)

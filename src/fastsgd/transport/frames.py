@@ -15,7 +15,12 @@ MAGIC = 0x46415354  # "FAST"
 VERSION = 1
 HEADER_WORDS = 8
 HEADER_BYTES = HEADER_WORDS * 8
+# Tags: the strategies' messages from 0 up; fastsgd's own below 0: -1 a transport's stop
+# (and goodbye), -2 hello, -3 exchange, -4 a joiner's state, -1000 and below the collectives
+# among survivors (survivors.py).
 STOP_TAG = -1  # a frame a transport sends itself to stop its receiver
+EXCHANGE_TAG = -3  # the rounds of `exchange` (exchange.py)
+JOIN_TAG = -4  # the donor's state for a worker that joins (rejoin.py)
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
           torch.int32, torch.uint8, torch.int8, torch.bool)
@@ -44,6 +49,15 @@ def parse(words: torch.Tensor, peer: int) -> tuple[int, int, torch.dtype]:
         raise MalformedFrame(f"malformed frame from worker {peer}: dtype code {code}, "
                              f"{numel} elements")
     return tag, numel, DTYPES[code]
+
+
+def shows_progress(tag: int) -> bool:
+    """Does a frame with `tag` say that its sender got as far as the step it is stamped
+    with? A step's own traffic does (the strategies' messages, the exchange's); the frames
+    between steps do not (hello, a joiner's state, the collectives of start-up, evaluation
+    and the end): a worker killed in step 0 after the start-up collectives, before its
+    exchange, left at step 0, and its peers waited for its exchange of step 0 for good."""
+    return tag >= 0 or tag == EXCHANGE_TAG
 
 
 def step_of(words: torch.Tensor) -> int:

@@ -26,6 +26,9 @@ class Mailbox:
         self._told: set[int] = set()  # the lost that a wait for any sender has reported
         self.on_lost: Callable[[int], None] | None = None  # called once per peer found lost
         self.finished: set[int] = set()  # the peers whose goodbye came
+        # rank -> the step before which nothing more comes from it (its process that would
+        # send those ended, and the one in its place joined at that step)
+        self.cut_at: dict[int, int] = {}
 
     def put(self, tag: int, src: int, payload: torch.Tensor, step: int = 0) -> None:
         with self._cond:
@@ -51,6 +54,12 @@ class Mailbox:
             self.lost.pop(rank, None)
             self._told.discard(rank)
             self.finished.discard(rank)
+
+    def cut(self, rank: int, step: int) -> None:
+        """Nothing more will come from `rank` for the steps before `step`."""
+        with self._cond:
+            self.cut_at[rank] = max(step, self.cut_at.get(rank, 0))
+            self._cond.notify_all()
 
     def finish(self, rank: int) -> None:
         with self._cond:
@@ -113,6 +122,8 @@ class Mailbox:
     def _ready(self, tag: int, src: int | None, upto: int | None) -> bool:
         if self._error is not None or self._find(tag, src, upto) is not None:
             return True
+        if src is not None and upto is not None and upto < self.cut_at.get(src, 0):
+            return True  # `_take` finds nothing: PeerLost
         return src in self.lost if src is not None else bool(set(self.lost) - self._told)
 
     def _raise(self) -> None:

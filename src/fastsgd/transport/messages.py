@@ -51,13 +51,18 @@ GOODBYE_TAG = frames.STOP_TAG
 
 class _Link:
     """The connection to one peer: its sender thread's queue, the frame being read, and the
-    step of the last whole frame read."""
+    step of the last whole frame read that shows how far its sender got
+    (frames.shows_progress)."""
 
-    def __init__(self, sock: socket.socket, peer: int):
+    def __init__(self, sock: socket.socket, peer: int, since: int = 0, own: int = 0):
         self.sock, self.peer = sock, peer
+        self.since = since  # the first step the process at the other end sends for
+        self.ended = False  # read to its end: nothing more comes from that process
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.header = torch.empty(frames.HEADER_WORDS, dtype=torch.int64)
-        self.last_step = -1
+        # a peer lost before it sent anything left, as far as this process can tell, when
+        # either end joined (`own`: this process's join step)
+        self.last_step = max(since, own) - 1
         self.expect_header()
 
     def expect_header(self) -> None:
@@ -73,14 +78,16 @@ class Messenger:
     (see the module docstring). `store`: the job's key-value store, where each rank
     publishes the address it listens on (`host`, a free port) under `key`. `on_receive(tag,
     payload)` is told of every frame from a peer as it arrives (to count bytes). `joining`:
-    this process takes the place of a lost worker in a running job; `accept`: the listener
+    the step from which this process takes the place of a lost worker in a running job
+    (None: it is there from the start); `accept`: the listener
     stays open for such workers (run.rejoin)."""
 
     def __init__(self, rank: int, world_size: int,
                  on_receive: Callable[[int, torch.Tensor], None],
-                 store, key: str, host: str, timeout: float = 300.0, joining: bool = False,
-                 accept: bool = False):
+                 store, key: str, host: str, timeout: float = 300.0,
+                 joining: int | None = None, accept: bool = False):
         self.rank, self.world_size = rank, world_size
+        self.joined_at = joining or 0
         self.mailbox = Mailbox()
         self._on_receive = on_receive
         self._handlers: dict[int, Callable[[int, torch.Tensor], None]] = {}
@@ -91,8 +98,9 @@ class Messenger:
         # per peer, each connection that ended without a goodbye: (the step after the last
         # frame it brought, when it was found lost, on time.perf_counter())
         self.departures: dict[int, list[tuple[int, float]]] = {}
-        socks, self._listener = (rejoin if joining else connect)(rank, world_size, store, key,
-                                                                 host, timeout)
+        socks, self._listener = (
+            connect(rank, world_size, store, key, host, timeout) if joining is None
+            else rejoin(rank, world_size, store, key, host, timeout, joining))
         self._links: dict[int, _Link] = {}
         self._selector = selectors.DefaultSelector()
         if accept:
@@ -106,6 +114,7 @@ class Messenger:
         self._held: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._expected: dict[int, int] = {}  # per rank: the joins announced (expect)
         self._arrived: dict[int, int] = {}  # per rank: the joiners connected (_accept)
+        self._joins: dict[int, int] = {}  # per rank: the step its latest joiner joins at
         self._links_lock = threading.Lock()  # the links and _held, between the threads
         if world_size > 1:
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
@@ -118,19 +127,21 @@ class Messenger:
                                               name=f"fastsgd-read-{rank}"))
         self._threads[-1].start()
 
-    def _attach(self, peer: int, sock: socket.socket, joined: bool = False) -> None:
+    def _attach(self, peer: int, sock: socket.socket, joined_at: int | None = None) -> None:
         """A connection to `peer`, from the start or from a worker that joined in place of a
-        lost one: its messages go there from now on."""
+        lost one at step `joined_at`: its messages go there from now on."""
         with self._links_lock:
             old = self._links.get(peer)
             if old is not None:  # the lost one's: its sender thread ends
                 old.outbox.put(None)
                 self._retired.append(old)
-            link = self._links[peer] = _Link(sock, peer)
-            self._arrived[peer] = self._arrived.get(peer, 0) + joined
+            link = self._links[peer] = _Link(sock, peer, joined_at or 0, self.joined_at)
+            self._arrived[peer] = self._arrived.get(peer, 0) + (joined_at is not None)
             for frame in self._held.pop(peer, []):
                 link.outbox.put(frame)
             self.mailbox.welcome(peer)
+            if joined_at is not None:
+                self._joined(peer, joined_at)
         self._selector.register(sock, selectors.EVENT_READ, link)
         thread = threading.Thread(target=self._send_loop, args=(link,), daemon=True,
                                   name=f"fastsgd-send-{self.rank}-{peer}")
@@ -152,15 +163,29 @@ class Messenger:
                 self._links[dst].outbox.put(frame)
         return payload
 
-    def expect(self, rank: int) -> None:
-        """A new worker will join as `rank` (run.rejoin): from now on what is sent to it is
-        held until it has connected, and waits for its messages wait (it is not lost any
-        more), also if the lost one's connection ends only after this."""
+    def expect(self, rank: int, since: int) -> None:
+        """A new worker will join as `rank` at step `since` (run.rejoin): from now on what is
+        sent to it is held until it has connected, and waits for its messages of `since` on
+        wait (it is not lost any more), also if the lost one's connection ends only after
+        this."""
         with self._links_lock:
             self._expected[rank] = self._expected.get(rank, 0) + 1
             if self._arrived.get(rank, 0) < self._expected[rank]:
                 self._held.setdefault(rank, [])
                 self.mailbox.welcome(rank)
+            self._joined(rank, since)
+
+    def _joined(self, rank: int, since: int) -> None:
+        """(Under _links_lock.) A worker joins as `rank` at step `since`: once every earlier
+        process of the rank has been read to its end, waits for its messages of the steps
+        before fail (PeerLost): nobody will send them. Else a wait for the lost one's
+        message of a step before `since` that began before the joiner connected would
+        wait for good (the joiner's connection welcomes the rank back)."""
+        self._joins[rank] = since = max(since, self._joins.get(rank, 0))
+        links = [link for link in [self._links.get(rank), *self._retired]
+                 if link is not None and link.peer == rank and link.since < since]
+        if all(link.ended for link in links):
+            self.mailbox.cut(rank, since)
 
     def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
         """Hand every message with `tag` to `handler` from now on, starting with those already
@@ -213,7 +238,7 @@ class Messenger:
         connects (not a fastsgd worker, or too late) is closed."""
         sock, _ = self._listener.accept()
         try:
-            peer = hello(sock, timeout=5.0)
+            peer, since = hello(sock, timeout=5.0)
         except Exception:  # noqa: BLE001 - a stranger: it does not stop this worker
             sock.close()
             return
@@ -221,7 +246,7 @@ class Messenger:
             if self._closing or not 0 <= peer < self.world_size or peer == self.rank:
                 sock.close()
                 return
-            self._attach(peer, sock, joined=True)
+            self._attach(peer, sock, joined_at=since)
 
     def _read(self, link: _Link) -> None:
         try:
@@ -233,8 +258,11 @@ class Messenger:
             self.departures.setdefault(link.peer, []).append(
                 (link.last_step + 1, time.perf_counter()))
             with self._links_lock:  # lost, unless a joiner replaced it or is announced
+                link.ended = True
                 lost = (self._links.get(link.peer) is link and
                         self._arrived.get(link.peer, 0) >= self._expected.get(link.peer, 0))
+                if link.peer in self._joins:
+                    self._joined(link.peer, self._joins[link.peer])
             if lost:
                 self.mailbox.lose(link.peer)
             return
@@ -252,7 +280,9 @@ class Messenger:
                 return
         tag, payload = link.payload
         # only now: a frame cut short by its sender's death was never sent
-        step = link.last_step = frames.step_of(link.header)
+        step = frames.step_of(link.header)
+        if frames.shows_progress(tag):
+            link.last_step = step
         link.expect_header()
         self._on_receive(tag, payload)
         self._dispatch(tag, link.peer, payload, step)

@@ -2,17 +2,19 @@
 join in their place (run.rejoin): the membership that strategies which carry on without the
 lost agree on.
 
-A rank's connection that ended without a goodbye (Messenger.departures) left at the step
-after the last it sent; a worker that took its place is back from the step the launcher set
-(launch.py: ahead of every worker, so all count it from the same step). So rank r is absent
-at step s when, for some i, its i-th departure is at or before s and its i-th return after
-s (or has not come).
+Each process standing for a rank is known by the step it joined at (0: the first one). A
+connection that ended without a goodbye (Messenger.departures) left at the step after the
+last it sent; it belongs to the process that stood for its rank then. A worker that took a
+rank's place is back from the step the launcher set (launch.py: ahead of every worker, so
+all count it from the same step). So rank r is absent at step s when the process standing
+for r at s (the latest return at or before s) has left at or before s.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+Departures = dict[int, dict[int, tuple[int, float]]]  # rank -> process -> (left at, when)
 
 
 class Roster:
@@ -21,7 +23,7 @@ class Roster:
 
     def __init__(self) -> None:
         self.returns: dict[int, list[int]] = {}  # rank -> the steps it came back at
-        self.seeded: dict[int, list[tuple[int, float]]] = {}  # rank -> departures before
+        self.seeded: Departures = {}
 
     def note_returns(self, joined_at: list[int]) -> list[int]:
         """The launcher's latest return step per rank (0: none); each new one is recorded.
@@ -34,48 +36,42 @@ class Roster:
                 new.append(rank)
         return new
 
-    def departures(self, own: dict[int, list[tuple[int, float]]]
-                   ) -> dict[int, list[tuple[int, float]]]:
-        """Every departure known, by rank: the seeded ones, then this process's (`own`)."""
-        merged = {r: list(d) for r, d in self.seeded.items()}
-        for rank, found in own.items():  # one death, seen by the donor and by this one
-            seen = {at for at, _ in merged.setdefault(rank, [])}
-            merged[rank].extend(d for d in found if d[0] not in seen)
-        return {r: sorted(d) for r, d in merged.items() if d}
-
-    def absent(self, own: dict[int, list[tuple[int, float]]], step: int) -> set[int]:
-        """The ranks that take no part in `step`."""
-        out = set()
-        for rank, left in self.departures(own).items():
-            back = self.returns.get(rank, [])
-            for i, (at, _) in enumerate(left):
-                until = back[i] if i < len(back) else math.inf
-                if 0 < i <= len(back):  # a joiner lost before it sent anything left when it joined
-                    at = max(at, back[i - 1])
-                if at <= step < until:
-                    out.add(rank)
-        return out
-
     def returned_at(self, rank: int, step: int) -> int:
         """The step the process standing for `rank` at `step` joined at (0: the first)."""
         return max([s for s in self.returns.get(rank, []) if s <= step], default=0)
+
+    def departures(self, own: dict[int, list[tuple[int, float]]]) -> Departures:
+        """Every departure known, by rank and process: the seeded ones and this process's
+        (`own`, by rank); one seen by both, the earlier (a worker that joined later than a
+        peer left counts the peer's departure from its own join step)."""
+        merged = {rank: dict(left) for rank, left in self.seeded.items()}
+        for rank, found in own.items():
+            for at, when in found:
+                process = merged.setdefault(rank, {})
+                since = self.returned_at(rank, at)
+                process[since] = min(process.get(since, (at, when)), (at, when))
+        return {rank: left for rank, left in merged.items() if left}
+
+    def absent(self, own: dict[int, list[tuple[int, float]]], step: int) -> set[int]:
+        """The ranks that take no part in `step`."""
+        return {rank for rank, left in self.departures(own).items()
+                if left.get(self.returned_at(rank, step), (step + 1,))[0] <= step}
 
     def history(self, own: dict[int, list[tuple[int, float]]], start: float
                 ) -> list[dict[str, Any]]:
         """Each departure, when (seconds after `start`) and the step a new process took the
         rank's place from (None: not back)."""
-        out = []
-        for rank, left in self.departures(own).items():
-            back = self.returns.get(rank, [])
-            out += [{"rank": rank, "left_at_step": at, "lost_at": round(when - start, 3),
-                     "back_at_step": back[i] if i < len(back) else None}
-                    for i, (at, when) in enumerate(left)]
-        return out
+        return [{"rank": rank, "left_at_step": at, "lost_at": round(when - start, 3),
+                 "back_at_step": min([s for s in self.returns.get(rank, []) if s > since],
+                                     default=None)}
+                for rank, left in sorted(self.departures(own).items())
+                for since, (at, when) in sorted(left.items())]
 
     def state(self, own: dict[int, list[tuple[int, float]]]) -> dict[str, Any]:
         """What a joiner starting from this worker needs to know."""
         return {"departures": self.departures(own), "returns": self.returns}
 
     def load(self, saved: dict[str, Any]) -> None:
-        self.seeded = {int(r): [tuple(d) for d in ds] for r, ds in saved["departures"].items()}
+        self.seeded = {int(r): {int(s): tuple(d) for s, d in left.items()}
+                       for r, left in saved["departures"].items()}
         self.returns = {int(r): list(s) for r, s in saved["returns"].items()}

@@ -85,7 +85,8 @@ class TorchTransport:
             torch.cuda.set_device(self.device)
         # a worker that takes a lost one's place in a running job (launch.py): no group,
         # only the messenger's connections, and the launcher's store
-        self._joining = os.environ.get("FASTSGD_JOIN") is not None
+        self._joins_at = (interrupt.joining() or (None,))[0]  # the step it joins at
+        self._joining = self._joins_at is not None
         self._owns_default_group = not dist.is_initialized() and not self._joining
         if self._owns_default_group:
             rendezvous(backend, timeout)
@@ -119,7 +120,7 @@ class TorchTransport:
         self._sockets = sockets  # the group's, until shrinkable() hands them to _shrinking
         self._shrinking: Shrinking | None = None  # shrinkable(): the group may shrink
         self._exchanges: Exchanges | None = None  # gossip rounds on CPU, once started
-        self._step = 0  # the step being computed (compute()): it stamps each message
+        self._step = self._joins_at or 0  # the step being computed (compute()): stamps messages
         self._received_lock = threading.Lock()
         atexit.register(self.close)  # a script that never closes, e.g. after an error
 
@@ -188,16 +189,22 @@ class TorchTransport:
             raise self._lost(PeerLost(lost, received))
         return received
 
-    def take_from(self, tag: int, src: int) -> torch.Tensor:
-        """The next message with `tag` from `src` (PeerLost when `src` is gone)."""
-        return self._take(tag, src)[1].to(self.device)
+    def take_from(self, tag: int, src: int, step: int | None = None) -> torch.Tensor:
+        """The next message with `tag` from `src` (PeerLost when `src` is gone); with `step`,
+        one sent at that step or before (PeerLost when the process that would send it is
+        gone, even if another took its rank's place since)."""
+        return self._take(tag, src, step)[1].to(self.device)
 
-    def _take(self, tag: int, src: int | None = None) -> tuple[int, torch.Tensor]:
+    def _take(self, tag: int, src: int | None = None, step: int | None = None
+              ) -> tuple[int, torch.Tensor]:
         """The messenger's next message. A lost peer: PeerLost for workers that carry on
         without it (carry_on), else it ends this worker (PeerGone, one line), and `fastsgd
         run` or torchrun restart or stop every worker (supervise.py)."""
+        mailbox = self._require_messages().mailbox
         try:
-            return self._require_messages().mailbox.take_one(tag, self._timeout, src)
+            if step is None or src is None:
+                return mailbox.take_one(tag, self._timeout, src)
+            return src, mailbox.take_step(tag, src, step, self._timeout)[1]
         except PeerLost as e:
             raise self._lost(e) from None
 
@@ -252,7 +259,7 @@ class TorchTransport:
             self._messenger = Messenger(self.rank, self.world_size, self._count_received,
                                         self.store(), f"fastsgd/messages/{_messengers_made}",
                                         address_towards(os.environ["MASTER_ADDR"]),
-                                        self._timeout, joining=self._joining,
+                                        self._timeout, joining=self._joins_at,
                                         accept=os.environ.get("FASTSGD_REJOIN") == "1")
 
     def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
@@ -311,7 +318,7 @@ class TorchTransport:
             return {}
         members = self._shrinking.members if self._shrinking else ()
         lost = self._messenger.mailbox.lost_now()
-        return {r: (left[-1][0], left[-1][1] - self._start)
+        return {r: (left[max(left)][0], left[max(left)][1] - self._start)
                 for r, left in self.roster.departures(self._messenger.departures).items()
                 if r in lost and r not in members}
 
@@ -357,13 +364,15 @@ class TorchTransport:
         """Real compute took the time it took: nothing to charge; the step stamps messages."""
         self._step = step
 
-    def note_returns(self) -> None:
+    def note_returns(self, step: int) -> None:
         """At the start of each step: the launcher's word of new workers that join in lost
-        ones' places (run.rejoin), and from which step."""
+        ones' places (run.rejoin), and from which step. Messages are stamped with `step`
+        from now on."""
+        self._step = step
         if self._survivors is not None and self._messenger is not None:
             for rank in self.roster.note_returns(interrupt.joined_at()):
                 if rank != self.rank:
-                    self._messenger.expect(rank)
+                    self._messenger.expect(rank, self.roster.returns[rank][-1])
 
     def close(self) -> None:
         """Stop the messenger and destroy this transport's group, and the default group if
