@@ -351,7 +351,8 @@ def _train_process(plan: Plan) -> None:
             transport.carry_on()
         elif mode == "shrink":
             transport.shrinkable()
-        interrupt.set_ready(transport.rank)
+        if interrupt.joining() is not None:  # the others are ready once started up (worker.py)
+            interrupt.set_ready(transport.rank)
         train(plan, transport)
     finally:
         transport.close()

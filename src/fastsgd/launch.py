@@ -109,16 +109,20 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
     """Until all have ended; a failure is seen the moment its process ends. A death before
     every worker was `ready` (connected to all its peers) stops them all: its peers may be
     waiting for it in the rendezvous, where they would learn of it only at run.timeout.
-    With `rejoin`, a lost worker's place is taken by a new process (procs is updated)."""
-    running, lost = list(procs), set()
+    With `rejoin`, a lost worker's place is taken by a new process (procs is updated); one
+    that dies before it connected stops them all too (its peers wait for it)."""
+    running, lost, formed = list(procs), set(), False
     while running:
         for sentinel in connection.wait([p.sentinel for p in running]):
             p = next(p for p in running if p.sentinel == sentinel)
             p.join()
             running.remove(p)
             rank = procs.index(p)
+            # the group formed once every worker was ready; a new worker that joins later
+            # is ready once connected to its peers (another may still be connecting)
+            formed = formed or all(ready)
             if ((p.exitcode < 0 or p.exitcode == DONOR_LOST) and expendable is not None
-                    and rank >= expendable and all(ready)):
+                    and rank >= expendable and formed and (not ready or ready[rank])):
                 lost.add(rank)
                 if survivors_stop or len(lost) == len(procs):
                     continue

@@ -185,6 +185,9 @@ class _Loop:
         if saved and self.leads_node:
             checkpoint.cut_back(self.plan.run_dir, saved[0])
         self.t.barrier()  # everyone starts the clock together (setup is not training time)
+        # a death before every worker got here stops them all (launch.py): a survivor may
+        # still be in a start-up collective (the first model's broadcast) with the dead
+        interrupt.set_ready(self.rank)
         self.t.off_clock()
         self.start, self.wall_start = self.t.now(), time.perf_counter()
         return resume.restore(self, *saved) if saved else 0
