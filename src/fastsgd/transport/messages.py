@@ -132,10 +132,10 @@ class Messenger:
         lost one at step `joined_at`: its messages go there from now on."""
         with self._links_lock:
             old = self._links.get(peer)
-            if old is not None:  # the lost one's: its sender thread ends
-                old.outbox.put(None)
-                self._retired.append(old)
             link = self._links[peer] = _Link(sock, peer, joined_at or 0, self.joined_at)
+            if old is not None:  # the lost one's: its sender thread ends, once it is not
+                old.outbox.put(None)  # the rank's link (its failing goodbye would lose the rank)
+                self._retired.append(old)
             self._arrived[peer] = self._arrived.get(peer, 0) + (joined_at is not None)
             for frame in self._held.pop(peer, []):
                 link.outbox.put(frame)
