@@ -221,9 +221,10 @@ def steps_done(rank: int) -> int | None:
     return int(_SHARED.progress[rank]) if isinstance(_SHARED, Stop) else None
 
 
-def joining() -> tuple[int, int] | None:
+def joining() -> tuple[int, int, int] | None:
     """In a worker started in place of a lost one: (the step it is back from, the rank whose
-    state it starts from); None in any other worker."""
+    state it starts from, the step that rank's process joined at: 0 for the first); None in
+    any other worker."""
     spec = os.environ.get("FASTSGD_JOIN")
     return tuple(int(x) for x in spec.split(":")) if spec else None  # type: ignore[return-value]
 

@@ -50,7 +50,7 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
     killed by a signal: the others carry on without it (one line says so), or, with
     `survivors_stop`, write a checkpoint and stop (WorkerFailed once they have ended).
     With `rejoin` (the run's steps), a new process takes its place and joins the others
-    at a step they agree on, from a live worker's state (FASTSGD_JOIN=STEP:DONOR).
+    at a step they agree on, from a live worker's state (FASTSGD_JOIN=STEP:DONOR:SINCE).
     WorkerFailed too if every worker was lost."""
     if torch.cuda.is_initialized():  # a forked child cannot use the parent's CUDA context
         raise UserError("this process used CUDA before starting its workers, and forked "
@@ -175,7 +175,7 @@ class _Rejoin:
             return None
         joiner = self.ctx.Process(target=_child, args=(
             self.fn, rank, self.workers, self.port, self.errors, self.restart, self.stop,
-            f"{step}:{donor}"), name=f"fastsgd-worker-{rank}")
+            f"{step}:{donor}:{self.stop.joined_at[donor]}"), name=f"fastsgd-worker-{rank}")
         joiner.start()
         return joiner
 
@@ -224,7 +224,7 @@ def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Excepti
 def _child(fn: Callable[[], object], rank: int, world: int, port: int,
            errors: mp.SimpleQueue, restart: int, stop: Stop, join: str | None = None) -> None:
     """`join`: None, or the run takes new workers in lost ones' places (run.rejoin): "",
-    or "STEP:DONOR" in such a new worker."""
+    or "STEP:DONOR:SINCE" in such a new worker (SINCE: the step the donor's process joined at)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (interrupt.py)
     share(stop)
     if join is not None:

@@ -1,7 +1,7 @@
 """A new worker process takes a lost one's place in a running run (run.rejoin), starting from
 a live worker's state: all of it, over the network, not from disk and not from scratch.
 
-The launcher (launch.py) starts the new process with FASTSGD_JOIN=STEP:DONOR once it has set
+The launcher (launch.py) starts the new process with FASTSGD_JOIN=STEP:DONOR:SINCE once it has set
 STEP ahead of every worker (interrupt.Stop.rejoin), so that every worker counts the new one
 in from the same step (transport/roster.py). The new process connects to every peer still
 there (transport/connections.py) and waits. The donor, the lowest worker still running,
@@ -67,16 +67,30 @@ def donate(loop: Loop, step: int) -> None:
                     JOIN_TAG)
 
 
+def _take_state(loop: Loop, step: int, donor: int, donor_since: int) -> torch.Tensor:
+    """The donor's state. If the donor's process died first (PeerLost, or the launcher has
+    started another in its rank since, whose hello this process may never get), leave as a
+    lost worker does, without a goodbye: the others count this process out from its join
+    step, and the launcher starts another from a live worker's state."""
+    deadline = time.monotonic() + loop.plan.config["run"]["timeout"]
+    while True:
+        try:
+            return loop.t.take_from(JOIN_TAG, donor, step, timeout=0.5)
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise
+            if interrupt.joined_at()[donor] == donor_since:
+                continue  # the same donor, still on its way to `step`
+        except PeerLost:
+            pass
+        os._exit(interrupt.DONOR_LOST)
+
+
 def join(loop: Loop) -> int:
     """In a new worker: wait for the donor's state, take it on, and return the step to train
     from."""
-    step, donor = interrupt.joining() or (0, 0)
-    try:
-        buffer = loop.t.take_from(JOIN_TAG, donor, step)
-    except PeerLost:  # the donor's process died first (another may stand for it since)
-        # leave as a lost worker does, without a goodbye: the others count this process out
-        # from its join step, and the launcher starts another from a live worker's state
-        os._exit(interrupt.DONOR_LOST)
+    step, donor, donor_since = interrupt.joining() or (0, 0, 0)
+    buffer = _take_state(loop, step, donor, donor_since)
     saved = checkpoint.load(buffer.cpu().numpy().tobytes())
     loop.model.load_state_dict(saved["model"])
     loop.optimizer.load_state_dict(saved["optimizer"])

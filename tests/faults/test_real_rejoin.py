@@ -79,9 +79,8 @@ def test_a_worker_killed_in_its_first_step_is_replaced(tmp_path):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("strategy", ["dpsgd-ring"])
-def test_a_new_worker_whose_donor_dies_first_is_replaced_from_another(strategy, tmp_path):
-    done = _run(tmp_path, strategy, FASTSGD_TEST_KILL=f"2:{KILLED_AT}",
+def test_a_new_worker_whose_donor_dies_first_is_replaced_from_another(tmp_path):
+    done = _run(tmp_path, "dpsgd-ring", FASTSGD_TEST_KILL=f"2:{KILLED_AT}",
                 FASTSGD_TEST_KILL_DONOR="0")
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()

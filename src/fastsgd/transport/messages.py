@@ -95,9 +95,7 @@ class Messenger:
         # at a time and in order, those filed before it was registered first (reentrant: a
         # handler may message its own rank)
         self._dispatch_lock = threading.RLock()
-        # per peer, each connection that ended without a goodbye: (the step after the last
-        # frame it brought, when it was found lost, on time.perf_counter())
-        self.departures: dict[int, list[tuple[int, float]]] = {}
+        self._departures: dict[int, list[tuple[int, float]]] = {}  # departures()
         socks, self._listener = (
             connect(rank, world_size, store, key, host, timeout) if joining is None
             else rejoin(rank, world_size, store, key, host, timeout, joining))
@@ -122,7 +120,7 @@ class Messenger:
             self._attach(peer, sock)
         for peer in set(range(world_size)) - set(socks) - {rank}:
             self.mailbox.lose(peer)  # a joiner found it gone
-            self.departures.setdefault(peer, [])
+            self._departures.setdefault(peer, [])
         self._threads.append(threading.Thread(target=self._read_loop, daemon=True,
                                               name=f"fastsgd-read-{rank}"))
         self._threads[-1].start()
@@ -216,8 +214,23 @@ class Messenger:
                     link.sock.sendall(frames.as_bytes(payload))
             link.sock.sendall(frames.as_bytes(frames.header(torch.zeros(0), GOODBYE_TAG)))
         except OSError:
-            if self._links.get(link.peer) is link:
+            with self._links_lock:
+                lost = self._is_lost(link)
+            if lost:
                 self.mailbox.lose(link.peer)
+
+    def _is_lost(self, link: _Link) -> bool:
+        """(Under _links_lock.) Is `link`'s failure the loss of its rank: it is the rank's
+        link, and no joiner replaced the process at its end or is announced?"""
+        return (self._links.get(link.peer) is link and
+                self._arrived.get(link.peer, 0) >= self._expected.get(link.peer, 0))
+
+    def departures(self) -> dict[int, list[tuple[int, float]]]:
+        """Per peer, each connection that ended without a goodbye: (the step after the last
+        frame it brought that shows progress, when it was found lost, on
+        time.perf_counter()); a copy (the reader thread adds to it)."""
+        with self._links_lock:
+            return {peer: list(left) for peer, left in self._departures.items()}
 
     def _read_loop(self) -> None:
         """Read whatever has arrived on any connection, and accept workers that join, until
@@ -255,12 +268,11 @@ class Messenger:
             got = 0
         if got == 0:  # the connection ended before a goodbye: the peer died
             self._selector.unregister(link.sock)
-            self.departures.setdefault(link.peer, []).append(
-                (link.last_step + 1, time.perf_counter()))
             with self._links_lock:  # lost, unless a joiner replaced it or is announced
+                self._departures.setdefault(link.peer, []).append(
+                    (link.last_step + 1, time.perf_counter()))
                 link.ended = True
-                lost = (self._links.get(link.peer) is link and
-                        self._arrived.get(link.peer, 0) >= self._expected.get(link.peer, 0))
+                lost = self._is_lost(link)
                 if link.peer in self._joins:
                     self._joined(link.peer, self._joins[link.peer])
             if lost:

@@ -93,15 +93,9 @@ class TorchTransport:
         # Every collective runs on this group, which only the transport holds, so close()
         # really destroys it and joins its gloo threads. The default group can be held past
         # destroy_process_group by anyone (torch.distributed.nn.functional binds it as a
-        # default argument when it is imported after init: by fastsgd when the script
-        # initialized the group before importing fastsgd, by torch._dynamo on the first
-        # optimizer step). A gloo thread that outlives close() may still be freeing the
-        # last collective's work when the interpreter finalizes; freeing it takes the GIL
-        # (the work holds tensors whose Python objects are gone, or the autograd context
-        # of the backward pass that launched it), the thread is then ended by pthread_exit
-        # inside a noexcept destructor and the process aborts: "terminate called without
-        # an active exception", 8 of 60 torchrun runs (2 processes, Replica + allreduce)
-        # with the group initialized before fastsgd was imported; 0 of 30 on this group.
+        # default argument), and a gloo thread that outlives close() and frees its last
+        # work at interpreter exit aborts the process ("terminate called without an active
+        # exception": 8 of 60 torchrun runs on the default group, 0 of 30 on this one).
         self._group, sockets = open_group(None) if not self._joining else (None, None)
         self.backend = backend
         self._timeout = timeout
@@ -189,22 +183,24 @@ class TorchTransport:
             raise self._lost(PeerLost(lost, received))
         return received
 
-    def take_from(self, tag: int, src: int, step: int | None = None) -> torch.Tensor:
+    def take_from(self, tag: int, src: int, step: int | None = None,
+                  timeout: float | None = None) -> torch.Tensor:
         """The next message with `tag` from `src` (PeerLost when `src` is gone); with `step`,
         one sent at that step or before (PeerLost when the process that would send it is
-        gone, even if another took its rank's place since)."""
-        return self._take(tag, src, step)[1].to(self.device)
+        gone, even if another took its rank's place since). TimeoutError after `timeout`
+        seconds (default: the transport's)."""
+        return self._take(tag, src, step, timeout)[1].to(self.device)
 
-    def _take(self, tag: int, src: int | None = None, step: int | None = None
-              ) -> tuple[int, torch.Tensor]:
+    def _take(self, tag: int, src: int | None = None, step: int | None = None,
+              timeout: float | None = None) -> tuple[int, torch.Tensor]:
         """The messenger's next message. A lost peer: PeerLost for workers that carry on
         without it (carry_on), else it ends this worker (PeerGone, one line), and `fastsgd
         run` or torchrun restart or stop every worker (supervise.py)."""
-        mailbox = self._require_messages().mailbox
+        mailbox, timeout = self._require_messages().mailbox, timeout or self._timeout
         try:
             if step is None or src is None:
-                return mailbox.take_one(tag, self._timeout, src)
-            return src, mailbox.take_step(tag, src, step, self._timeout)[1]
+                return mailbox.take_one(tag, timeout, src)
+            return src, mailbox.take_step(tag, src, step, timeout)[1]
         except PeerLost as e:
             raise self._lost(e) from None
 
@@ -319,7 +315,7 @@ class TorchTransport:
         members = self._shrinking.members if self._shrinking else ()
         lost = self._messenger.mailbox.lost_now()
         return {r: (left[max(left)][0], left[max(left)][1] - self._start)
-                for r, left in self.roster.departures(self._messenger.departures).items()
+                for r, left in self.roster.departures(self._messenger.departures()).items()
                 if r in lost and r not in members}
 
     def absent(self, step: int) -> set[int]:
@@ -327,13 +323,13 @@ class TorchTransport:
         (a worker that joined in a lost one's place is back from its join step on)."""
         if self._survivors is None or self._messenger is None:
             return set(self.departed())
-        return self.roster.absent(self._messenger.departures, step)
+        return self.roster.absent(self._messenger.departures(), step)
 
     def join_state(self) -> dict:
         """What a worker joining from this one's state needs of the transport: who left and
         came back (roster.py), and how many collectives the members have run (their tags)."""
         assert self._messenger is not None and self._survivors is not None
-        return {"roster": self.roster.state(self._messenger.departures),
+        return {"roster": self.roster.state(self._messenger.departures()),
                 "collectives": self._survivors.calls}
 
     def load_join_state(self, saved: dict) -> None:
@@ -350,7 +346,7 @@ class TorchTransport:
         (None: not back), for the summary."""
         if self._messenger is None:
             return []
-        return self.roster.history(self._messenger.departures, self._start)
+        return self.roster.history(self._messenger.departures(), self._start)
 
     def now(self) -> float:
         if self.device.type == "cuda":
