@@ -27,7 +27,7 @@ def _run(out, strategy, **env_vars):
 
 CASES = {  # id: (strategy, the killed rank, where the kill is, the steps it had done)
     **{s: (s, 2, f"{KILLED_AT}", KILLED_AT) for s in ("sgp", "adpsgd", "ps", "ltfb")},
-    "dpsgd-ring": ("dpsgd-ring", 2, f"{KILLED_AT}", KILLED_AT),
+    # (plain dpsgd-ring is the case below with the kill between its sends, and worker 0's)
     "dpsgd-torus": ("dpsgd-torus", 2, f"{KILLED_AT}", KILLED_AT),
     # its message of the round reaches worker 3, not worker 1: the two close the ring
     # around it one round apart (transport/exchange.py)
@@ -36,7 +36,7 @@ CASES = {  # id: (strategy, the killed rank, where the kill is, the steps it had
     # (which do not say how far it got): it left at step 0 (its peers waited for good)
     "dpsgd-ring-in-its-first-step": ("dpsgd-ring", 2, "1:parameters", 0),
     # worker 0 evaluates and writes the results: worker 1 takes over, with its eval log
-    **{f"{s}-worker-0": (s, 0, f"{KILLED_AT}", KILLED_AT) for s in ("sgp", "adpsgd")},
+    "sgp-worker-0": ("sgp", 0, f"{KILLED_AT}", KILLED_AT),
     "dpsgd-ring-worker-0": ("dpsgd-ring", 0, f"{KILLED_AT}", KILLED_AT),
     # after it evaluated the last step: worker 1 writes the results from its log
     "sgp-worker-0-at-the-end": ("sgp", 0, f"{STEPS}", STEPS),
