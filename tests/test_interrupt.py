@@ -1,13 +1,14 @@
 """Ctrl-C under torchrun: the workers agree through the store on one step to stop after
 (interrupt.StoreStop); the end-to-end test is in test_torchrun.py."""
 
+import multiprocessing as mp
 import threading
 import time
 
 import pytest
 import torch.distributed as dist
 
-from fastsgd.interrupt import StoreStop
+from fastsgd.interrupt import Stop, StoreStop
 
 
 def _run(monkeypatch, pauses: list[float], asked: int, ahead_looks: int = 3) -> list[int]:
@@ -68,3 +69,48 @@ def test_a_restarted_job_does_not_see_the_last_attempts_stop(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     again = StoreStop(store, 0, 1)
     assert not any(again.after(0, k) for k in range(1, 50))
+
+
+class _RacingProgress:
+    """`Stop.progress` whose second full read (the launcher's, where it sets a step ahead of
+    every worker) lets worker 1 try to go ten steps on meanwhile, as a busy worker would."""
+
+    def __init__(self, values, worker):
+        self.values, self.worker, self.reads = values, worker, 0
+
+    def __iter__(self):
+        seen = list(self.values)
+        self.reads += 1
+        if self.reads == 2:
+            thread = threading.Thread(target=self.worker)
+            thread.start()
+            thread.join(0.2)  # it runs now, unless the launcher holds it back
+        return iter(seen)
+
+    def __getitem__(self, i):
+        return self.values[i]
+
+    def __setitem__(self, i, value):
+        self.values[i] = value
+
+
+def test_a_worker_cannot_go_past_a_join_step_before_it_reads_it():
+    # the CI hang of 2026-11-27: the workers evaluated (no progress) while the launcher
+    # measured their speed, then ran past the join step it set; the donor never sent the
+    # new worker its state
+    stop = Stop(mp.get_context("fork"), 3)
+    stop.progress[:] = [50, 50, 40]
+    first_seen = []
+
+    def worker():
+        for step in range(51, 61):
+            if stop.starting(1, step)[2]:
+                first_seen.append(step)
+                return
+
+    stop.progress = _RacingProgress(stop.progress, worker)
+    joined = stop.rejoin(2, donor=0, steps=300)
+    deadline = time.monotonic() + 5
+    while not first_seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert first_seen and first_seen[0] <= joined

@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 # A new worker's exit status when the worker it was to take its state from was lost first:
@@ -54,18 +54,31 @@ class Stop:
         self.donor = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
         # the steps the last lost process of each rank had done, before a new one took over
         self.left_after = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
+        # a worker records the step it starts and reads the steps set for it under this lock,
+        # and the launcher sets them under it ahead of every recorded step: so no worker can
+        # have gone past a step set for it before it reads it (a lost race would leave it,
+        # say, donating a joiner's state never, or stopping never)
+        self.lock = ctx.Lock() if ctx else nullcontext()
 
     def request(self) -> int:
         """Set the step every worker stops after; returns it."""
         before = max(self.progress)
         time.sleep(0.02)
-        now = max(self.progress)
-        self.stop_at.value = now + 2 + 5 * (now - before)
-        return self.stop_at.value
+        with self.lock:
+            now = max(self.progress)
+            self.stop_at.value = now + 2 + 5 * (now - before)
+            return self.stop_at.value
 
     def after(self, rank: int, step: int) -> bool:
-        self.progress[rank] = step
-        return self.stop_at.value == step
+        with self.lock:
+            self.progress[rank] = step
+            return self.stop_at.value == step
+
+    def starting(self, rank: int, step: int) -> list[int]:
+        """A worker starts `step` (it has done as many): `joined_at` as it is now."""
+        with self.lock:
+            self.progress[rank] = step
+            return list(self.joined_at)
 
     def settled(self, rank: int) -> bool:
         """Has the process standing for `rank` its state: it started with the run, or it
@@ -80,18 +93,19 @@ class Stop:
         the run's last step (`steps`): then nothing is set."""
         before = max(self.progress)
         time.sleep(0.05)
-        now = max(self.progress)
-        step = now + 4 + 5 * (now - before)  # a quarter of a second of steps, at least 4
-        # after the one before of this rank: the workers tell returns apart by their step
-        # (a replacement killed before the others got past its step would get it again)
-        step = max(step, self.joined_at[rank] + 1)
-        if step >= steps:
-            return None
-        self.ready[rank] = 0  # until it is connected
-        self.donor[rank] = donor
-        self.left_after[rank] = max(self.progress[rank], self.joined_at[rank])  # a joiner: J
-        self.joined_at[rank] = step
-        return step
+        with self.lock:
+            now = max(self.progress)
+            # ahead by a quarter of a second of steps, at least 4: time to start the process;
+            # after the one before of this rank: the workers tell returns apart by their step
+            # (a replacement killed before the others got past its step would get it again)
+            step = max(now + 4 + 5 * (now - before), self.joined_at[rank] + 1)
+            if step >= steps:
+                return None
+            self.ready[rank] = 0  # until it is connected
+            self.donor[rank] = donor
+            self.left_after[rank] = max(self.progress[rank], self.joined_at[rank])  # joiner: J
+            self.joined_at[rank] = step
+            return step
 
 
 class StoreStop:
@@ -241,6 +255,13 @@ def left_after(rank: int) -> int | None:
     """How many steps the last process of `rank` that a new one replaced had done, as the
     launcher's shared memory says (None outside `fastsgd run`'s workers)."""
     return int(_SHARED.left_after[rank]) if isinstance(_SHARED, Stop) else None
+
+
+def starting(rank: int, step: int) -> list[int]:
+    """At the start of each step in `fastsgd run`'s workers: record it, and return per rank
+    the step from which a worker that took a lost one's place is back (as `joined_at`);
+    never one this worker has gone past (Stop.lock). [] outside `fastsgd run`'s workers."""
+    return _SHARED.starting(rank, step) if isinstance(_SHARED, Stop) else []
 
 
 def joined_at() -> list[int]:

@@ -38,9 +38,10 @@ JOIN_TAG = frames.JOIN_TAG  # the donor's state for a joiner
 def at_step(loop: Loop, step: int) -> None:
     """At the start of each step: learn of workers that join (transport/roster.py), and
     give one that joins at this step from this worker's state its state."""
+    returns = interrupt.starting(loop.rank, step)
     note = getattr(loop.t, "note_returns", None)
     if note is not None:
-        note(step)
+        note(step, returns)
     donate(loop, step)
 
 

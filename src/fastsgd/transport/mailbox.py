@@ -82,26 +82,27 @@ class Mailbox:
             self._queues[tag].clear()
             return out
 
-    def take_one(self, tag: int, timeout: float, src: int | None = None
+    def take_one(self, tag: int, timeout: float, src: int | None = None, at: int | None = None
                  ) -> tuple[int, torch.Tensor]:
         """The next message with `tag` (from `src` if given). PeerLost when `src` is lost and
-        nothing of it is left; without `src`, when peers were found lost since the last such
-        report (not only since this call began: the caller counted what it expects before
-        calling, and a loss in between would leave it waiting for good)."""
-        src, payload, _ = self._take(tag, timeout, src, None)
+        nothing of it is left, or when the process standing for it at step `at` is gone and
+        the one in its place joined later (cut); without `src`, when peers were found lost
+        since the last such report (not only since this call began: the caller counted what
+        it expects before calling, and a loss in between would leave it waiting for good)."""
+        src, payload, _ = self._take(tag, timeout, src, None, at)
         return src, payload
 
     def take_step(self, tag: int, src: int, step: int, timeout: float
                   ) -> tuple[int, torch.Tensor]:
         """The first message with `tag` from `src` sent at `step` or before, as (the step it
         was sent at, payload); later ones wait. PeerLost as take_one."""
-        _, payload, sent_at = self._take(tag, timeout, src, step)
+        _, payload, sent_at = self._take(tag, timeout, src, step, step)
         return sent_at, payload
 
-    def _take(self, tag: int, timeout: float, src: int | None, upto: int | None
-              ) -> tuple[int, torch.Tensor, int]:
+    def _take(self, tag: int, timeout: float, src: int | None, upto: int | None,
+              at: int | None) -> tuple[int, torch.Tensor, int]:
         with self._cond:
-            if not self._cond.wait_for(lambda: self._ready(tag, src, upto), timeout):
+            if not self._cond.wait_for(lambda: self._ready(tag, src, upto, at), timeout):
                 raise TimeoutError(f"no message with tag {tag} within {timeout} s")
             self._raise()
             found = self._find(tag, src, upto)
@@ -119,10 +120,10 @@ class Mailbox:
                 return i
         return None
 
-    def _ready(self, tag: int, src: int | None, upto: int | None) -> bool:
+    def _ready(self, tag: int, src: int | None, upto: int | None, at: int | None) -> bool:
         if self._error is not None or self._find(tag, src, upto) is not None:
             return True
-        if src is not None and upto is not None and upto < self.cut_at.get(src, 0):
+        if src is not None and at is not None and at < self.cut_at.get(src, 0):
             return True  # `_take` finds nothing: PeerLost
         return src in self.lost if src is not None else bool(set(self.lost) - self._told)
 

@@ -185,10 +185,10 @@ class TorchTransport:
 
     def take_from(self, tag: int, src: int, step: int | None = None,
                   timeout: float | None = None) -> torch.Tensor:
-        """The next message with `tag` from `src` (PeerLost when `src` is gone); with `step`,
-        one sent at that step or before (PeerLost when the process that would send it is
-        gone, even if another took its rank's place since). TimeoutError after `timeout`
-        seconds (default: the transport's)."""
+        """The next message with `tag` from `src`; with `step`, one sent at that step or
+        before. PeerLost when the process that would send it (standing for `src` at `step`,
+        or at this step) is gone, even if another took its rank's place since.
+        TimeoutError after `timeout` seconds (default: the transport's)."""
         return self._take(tag, src, step, timeout)[1].to(self.device)
 
     def _take(self, tag: int, src: int | None = None, step: int | None = None,
@@ -199,7 +199,7 @@ class TorchTransport:
         mailbox, timeout = self._require_messages().mailbox, timeout or self._timeout
         try:
             if step is None or src is None:
-                return mailbox.take_one(tag, timeout, src)
+                return mailbox.take_one(tag, timeout, src, self._step)
             return src, mailbox.take_step(tag, src, step, timeout)[1]
         except PeerLost as e:
             raise self._lost(e) from None
@@ -360,13 +360,13 @@ class TorchTransport:
         """Real compute took the time it took: nothing to charge; the step stamps messages."""
         self._step = step
 
-    def note_returns(self, step: int) -> None:
+    def note_returns(self, step: int, joined_at: list[int]) -> None:
         """At the start of each step: the launcher's word of new workers that join in lost
-        ones' places (run.rejoin), and from which step. Messages are stamped with `step`
-        from now on."""
+        ones' places (run.rejoin; `joined_at`: the latest one's step per rank). Messages are
+        stamped with `step` from now on."""
         self._step = step
         if self._survivors is not None and self._messenger is not None:
-            for rank in self.roster.note_returns(interrupt.joined_at()):
+            for rank in self.roster.note_returns(joined_at):
                 if rank != self.rank:
                     self._messenger.expect(rank, self.roster.returns[rank][-1])
 
