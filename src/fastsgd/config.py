@@ -65,8 +65,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "eval_every": Option(int, 500, at_least(0), "evaluate every N steps; 0 = at the end"),
         "target_accuracy": Option(float, 0.88, between(0, 1), "for time_to_target; 0 = none"),
         "log_every": Option(int, 1, at_least(1), "write metrics.jsonl every N steps"),
-        "tensorboard": Option(bool, True, doc="write TensorBoard event files into the run "
-                              "directory at its end (tensorboard --logdir runs)"),
+        "tensorboard": Option(bool, True, doc="keep a TensorBoard event file in the run "
+                              "directory, live (tensorboard --logdir runs)"),
         "representative": Option(str, "average", one_of(("average", "best", "rank0")),
                                  "the model saved and evaluated"),
         "backend": Option(str, "auto", one_of(("auto", "gloo", "nccl")), "torch.distributed"),

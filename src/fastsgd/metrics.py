@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +13,22 @@ PHASES = ("io", "h2d", "forward", "backward", "aggregation", "update")
 
 class JsonLines:
     """Appends JSON objects to a file; each flush is one write() on an O_APPEND descriptor, so
-    several processes (or simulated workers) can share the file without interleaving lines."""
+    several processes (or simulated workers) can share the file without interleaving lines.
+    Lines are flushed every `flush_every` of them, or once the oldest is `within` seconds
+    old: a worker killed at any moment loses at most that much."""
 
-    def __init__(self, path: Path, flush_every: int = 50):
+    def __init__(self, path: Path, flush_every: int = 50, within: float = 1.0):
         self.path = Path(path)
-        self.flush_every = flush_every
+        self.flush_every, self.within = flush_every, within
         self._lines: list[str] = []
+        self._since = 0.0  # time.monotonic() of the oldest line not flushed
 
     def write(self, record: dict[str, Any]) -> None:
+        if not self._lines:
+            self._since = time.monotonic()
         self._lines.append(json.dumps(record, allow_nan=True) + "\n")
-        if len(self._lines) >= self.flush_every:
+        if (len(self._lines) >= self.flush_every
+                or time.monotonic() - self._since >= self.within):
             self.flush()
 
     def flush(self) -> None:

@@ -3,14 +3,12 @@ leader's summary.json and model.pt."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fastsgd import interrupt
 from fastsgd.metrics import write_json
-from fastsgd.tensorboard import write_events
 
 if TYPE_CHECKING:
     from fastsgd.worker import _Loop as Loop
@@ -40,7 +38,7 @@ def finish(loop: Loop, wall_time: float) -> dict[str, Any] | None:
     written = summary(loop, wall_time - loop.log.wall, end, totals.tolist())
     write_json(loop.plan.run_dir / "summary.json", written)
     if loop.plan.config["run"]["tensorboard"]:  # from the metrics every worker flushed
-        write_events(loop.plan.run_dir, time.time() - wall_time)
+        loop.event_file().update()
     return written
 
 

@@ -1,6 +1,7 @@
-"""TensorBoard event files of a run, written from its metrics.jsonl and eval.jsonl when it
-ends: per-rank scalars (loss, bytes sent and received, staleness) and the representative
-model's evaluations (accuracy, loss, consensus distance).
+"""TensorBoard event files of a run, written from its metrics.jsonl and eval.jsonl while it
+runs (every few seconds, by the worker that evaluates) and when it ends: per-rank scalars
+(loss, bytes sent and received, staleness) and the representative model's evaluations
+(accuracy, loss, consensus distance).
 
 One file per run, in the run directory itself, so `tensorboard --logdir runs` shows one run
 per job (named by its folder), each rank a tag (`loss/rank3`). The event time is the run's
@@ -14,17 +15,16 @@ reader needs `pip install fastsgd[tensorboard]`."""
 
 from __future__ import annotations
 
+import json
 import math
-import os
 import socket
 import struct
 from pathlib import Path
 
-from fastsgd.metrics import read_jsonl
-
 FLOAT_MAX = 3.4028234663852886e38
 PREFIX = "events.out.tfevents."
 SUFFIX = ".fastsgd"  # ours: replaced when the run is written again (a resumed run)
+LIVE_EVERY = 5.0  # s between updates of a running run's event file (TensorBoard reloads every 5)
 PER_RANK = ("loss", "bytes_sent", "bytes_received", "staleness")
 PER_EVAL = {"accuracy": "accuracy", "loss": "eval_loss", "consensus_distance": "consensus"}
 
@@ -88,22 +88,48 @@ def event(wall_time: float, step: int = 0, tag: str | None = None, value: float 
     return out + _field(5, _field(1, scalar))
 
 
+class EventFile:
+    """A run's event file, kept up to date: each `update` appends what metrics.jsonl and
+    eval.jsonl gained since the last one (whole lines only), so TensorBoard, which reads on
+    from where it stopped, shows the run live. The first replaces the file written before (a
+    resumed run's). `start` is the epoch time the run's clock counts from."""
+
+    def __init__(self, run_dir: str | Path, start: float):
+        self.run_dir, self.start = Path(run_dir), start
+        self.path: Path | None = None
+        self._read = {"metrics.jsonl": 0, "eval.jsonl": 0}  # bytes taken in of each
+
+    def update(self) -> Path:
+        records = []
+        if self.path is None:
+            for old in self.run_dir.glob(f"{PREFIX}*{SUFFIX}"):
+                old.unlink()
+            self.path = self.run_dir / f"{PREFIX}{int(self.start)}.{socket.gethostname()}{SUFFIX}"
+            records.append(event(self.start, version="brain.Event:2"))
+        for row in self._new_rows("metrics.jsonl"):
+            at, rank = self.start + row["time"], row["rank"]
+            records += [event(at, row["step"], f"{key}/rank{rank}", float(row[key]))
+                        for key in PER_RANK if row.get(key) is not None]
+        for row in self._new_rows("eval.jsonl"):
+            records += [event(self.start + row["time"], row["step"], tag, float(row[key]))
+                        for key, tag in PER_EVAL.items() if row.get(key) is not None]
+        with open(self.path, "ab") as f:
+            f.write(b"".join(map(record, records)))
+        return self.path
+
+    def _new_rows(self, name: str) -> list[dict]:
+        try:
+            with open(self.run_dir / name, "rb") as f:
+                f.seek(self._read[name])
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        whole = data[:data.rfind(b"\n") + 1]  # a line being written waits for the next update
+        self._read[name] += len(whole)
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
+
+
 def write_events(run_dir: str | Path, start: float) -> Path:
-    """Write RUN_DIR's event file (replacing the one written before); `start` is the epoch
-    time the run's clock counts from. Returns the file."""
-    run_dir = Path(run_dir)
-    for old in run_dir.glob(f"{PREFIX}*{SUFFIX}"):
-        old.unlink()
-    path = run_dir / f"{PREFIX}{int(start)}.{socket.gethostname()}{SUFFIX}"
-    records = [event(start, version="brain.Event:2")]
-    for row in read_jsonl(run_dir / "metrics.jsonl"):
-        at, rank = start + row["time"], row["rank"]
-        records += [event(at, row["step"], f"{key}/rank{rank}", float(row[key]))
-                    for key in PER_RANK if row.get(key) is not None]
-    for row in read_jsonl(run_dir / "eval.jsonl"):
-        records += [event(start + row["time"], row["step"], tag, float(row[key]))
-                    for key, tag in PER_EVAL.items() if row.get(key) is not None]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(map(record, records)))
-    os.replace(tmp, path)
-    return path
+    """Write RUN_DIR's event file in one go (replacing the one written before); `start` is
+    the epoch time the run's clock counts from. Returns the file."""
+    return EventFile(run_dir, start).update()

@@ -31,6 +31,7 @@ from fastsgd.replica import Replica
 from fastsgd.representative import representative
 from fastsgd.rundir import environment, host_names
 from fastsgd.strategies import Strategy
+from fastsgd.tensorboard import LIVE_EVERY, EventFile
 from fastsgd.transport.base import GroupBroken, Transport
 from fastsgd.transport.sim.compute import heterogeneity
 
@@ -121,7 +122,9 @@ class _Loop:
         self.steps = plan.total_steps(self.world)
         run = plan.config["run"]
         self.eval_every = run["eval_every"]
-        self.metrics = JsonLines(plan.run_dir / "metrics.jsonl")
+        # in simulation, flushed by lines only: the file's order must not depend on wall time
+        self.metrics = JsonLines(plan.run_dir / "metrics.jsonl",
+                                 within=math.inf if plan.simulated else 1.0)
         self.log_every = run["log_every"]
         self.sent = self.received = 0
         self.eval_time = 0.0  # evaluation time on the run's clock (real processes)
@@ -138,6 +141,8 @@ class _Loop:
         replica.ctx.score = lambda: self.score(self.model, own=True)
         self.progress = Progress(self.steps, enabled=plan.progress and self.rank == 0)
         self.donated: set[tuple[int, int]] = set()  # (joiner, step): rejoin.donate
+        self.events: EventFile | None = None  # run.tensorboard, in the leader
+        self.next_events = 0.0  # time.perf_counter() of the next look
         self.start = self.wall_start = 0.0
 
     def run(self) -> dict[str, Any] | None:
@@ -157,6 +162,7 @@ class _Loop:
                     return None
                 continue
             self.progress.update(k + 1, loss, self.log.last and self.log.last[1])
+            self.publish()
             if every and ((k + 1) % every == 0 or k + 1 == self.steps):
                 resume.save(self, k + 1)
             stop = interrupt.stop_after(self.rank, k + 1) and k + 1 < self.steps
@@ -191,6 +197,22 @@ class _Loop:
         self.t.off_clock()
         self.start, self.wall_start = self.t.now(), time.perf_counter()
         return resume.restore(self, *saved) if saved else 0
+
+    def publish(self) -> None:
+        """run.tensorboard: every LIVE_EVERY seconds the leader brings the run's event file
+        up to date, so that TensorBoard shows the run while it trains."""
+        if time.perf_counter() < self.next_events or not self.plan.config["run"]["tensorboard"]:
+            return
+        self.next_events = time.perf_counter() + LIVE_EVERY
+        if self.rank == self.leader:
+            if not self.plan.simulated:
+                self.metrics.flush()
+            self.event_file().update()
+
+    def event_file(self) -> EventFile:
+        if self.events is None:
+            self.events = EventFile(self.plan.run_dir, time.time() - self.wall())
+        return self.events
 
     def record_environment(self) -> None:
         """config.toml (what ran) and environment.json (where, with what) in the run dir."""
