@@ -12,7 +12,8 @@ from fastsgd.metrics import PHASES
 METRIC_KEYS = {"step", "rank", "time", "loss", *PHASES, "bytes_sent", "bytes_received",
                "staleness"}
 SUMMARY_KEYS = {"strategy", "compressor", "topology", "workers", "steps", "final_accuracy",
-                "time_to_target", "wall_time", "simulated_time", "bytes_sent_total",
+                "time_to_target", "wall_to_target", "wall_time", "simulated_time",
+                "bytes_sent_total",
                 "consensus_distance"}
 
 
@@ -51,6 +52,8 @@ def test_eval_and_summary(run):
     assert s["simulated_time"] == pytest.approx(max(r["time"] for r in run.metrics()), rel=0.05)
     reached = next(e["time"] for e in evals if e["accuracy"] >= 0.2)
     assert s["time_to_target"] == reached
+    # the wall seconds of the simulation, evaluations included, by the evaluation that got there
+    assert 0 < s["wall_to_target"] <= s["wall_time"] + s["eval_time"]
     assert s["consensus_distance"] == 0.0
 
 

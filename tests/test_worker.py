@@ -38,3 +38,15 @@ def test_too_many_bad_steps_in_a_row_stop_naming_worker_and_step(tmp_path):
     with pytest.raises(UserError, match=r"worker 0: loss nan at step 4, 4 steps in a row "
                                         r"\(run.max_bad_steps = 3\)"):
         job.simulate()
+
+
+def test_a_checkpoints_evaluation_log_from_before_the_wall_time_to_target_still_loads(tmp_path):
+    from fastsgd.observe import EvalLog
+
+    log = EvalLog(tmp_path / "eval.jsonl", 0.5)
+    log.load([(10, 0.6, 1.0, 0.0), 3.5, 1, 0.25])  # written before wall_to_target existed
+    assert (log.time_to_target, log.count, log.wall_to_target) == (3.5, 1, None)
+    again = EvalLog(tmp_path / "eval.jsonl", 0.5)
+    log.wall_to_target = 7.25
+    again.load(log.state())
+    assert again.state() == log.state()

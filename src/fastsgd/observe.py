@@ -32,7 +32,10 @@ class EvalLog:
     target: float = 0.0
     last: tuple[int, float, float, float] | None = None  # step, accuracy, loss, consensus
     model: tuple[int, torch.nn.Module | None] = (0, None)  # step, representative
-    time_to_target: float | None = None
+    time_to_target: float | None = None  # on the run's clock
+    # wall seconds of the run (setup excluded, evaluations included) when that evaluation
+    # ended; None where unknown (reached before a worker took over the log from the file)
+    wall_to_target: float | None = None
     count: int = 0
     wall: float = 0.0  # wall seconds spent evaluating
     writer: JsonLines = field(init=False)
@@ -41,12 +44,20 @@ class EvalLog:
         self.writer = JsonLines(self.path, flush_every=1)
 
     def record(self, step: int, when: float, model: torch.nn.Module, accuracy: float,
-               loss: float, consensus: float) -> None:
+               loss: float, consensus: float, wall: float) -> None:
         self.last, self.model = (step, accuracy, loss, consensus), (step, model)
         self.writer.write({"step": step, "time": round(when, 9), "accuracy": accuracy,
                            "loss": loss, "consensus_distance": consensus})
         if self.target and accuracy >= self.target and self.time_to_target is None:
-            self.time_to_target = round(when, 9)
+            self.time_to_target, self.wall_to_target = round(when, 9), round(wall, 3)
+
+    def state(self) -> list:
+        """What a checkpoint or a joining worker takes of it."""
+        return [self.last, self.time_to_target, self.count, self.wall, self.wall_to_target]
+
+    def load(self, saved: list) -> None:
+        self.last, self.time_to_target, self.count, self.wall = saved[:4]
+        self.wall_to_target = saved[4] if len(saved) > 4 else None  # older checkpoints
 
     def take_over(self) -> None:
         """What the evaluations found so far, from the file: the worker that wrote it was
@@ -72,7 +83,7 @@ class _Snapshot:
     rank 0's, and the latest clock."""
 
     def __init__(self, policy: str):
-        self.policy, self.count, self.when = policy, 0, 0.0
+        self.policy, self.count, self.when, self.wall = policy, 0, 0.0, 0.0
         self.first: torch.Tensor | None = None
         self.sum: torch.Tensor | None = None
         self.squares = 0.0
@@ -80,7 +91,8 @@ class _Snapshot:
         self.like_rank = -1
         self.best: tuple[float, int, torch.nn.Module] | None = None
 
-    def add(self, rank: int, model: torch.nn.Module, when: float, score: Score) -> None:
+    def add(self, rank: int, model: torch.nn.Module, when: float, wall: float,
+            score: Score) -> None:
         flat = _flat(model)
         if self.first is None:
             self.first, self.sum = flat, torch.zeros_like(flat)
@@ -88,7 +100,7 @@ class _Snapshot:
         self.sum += diff
         self.squares += float(diff.dot(diff))
         self.count += 1
-        self.when = max(self.when, when)
+        self.when, self.wall = max(self.when, when), max(self.wall, wall)
         # rank0: the lowest rank handed in (worker 0, or once it is lost the next)
         if self.like is None and self.policy in ("average", "rank0") or (
                 self.policy == "rank0" and rank < self.like_rank):
@@ -124,11 +136,11 @@ class Observer:
         self._lock = threading.Lock()  # one simulated worker runs at a time; this is cheap
         self._dead: dict[int, int] = {}  # crashed rank -> the step it left at
 
-    def hand_in(self, step: int, rank: int, model: torch.nn.Module, when: float,
+    def hand_in(self, step: int, rank: int, model: torch.nn.Module, when: float, wall: float,
                 score: Score) -> None:
         with self._lock:
             snapshot = self._steps.setdefault(step, _Snapshot(self.policy))
-            snapshot.add(rank, model, when, score)
+            snapshot.add(rank, model, when, wall, score)
         self._evaluate_complete()
 
     def crashed(self, dead: dict[int, int]) -> None:
@@ -148,5 +160,6 @@ class Observer:
         chosen = snapshot.representative()
         accuracy, loss = self.evaluate(chosen)
         self.log.count += 1
-        self.log.record(step, snapshot.when, chosen, accuracy, loss, snapshot.consensus())
+        self.log.record(step, snapshot.when, chosen, accuracy, loss, snapshot.consensus(),
+                        snapshot.wall + time.perf_counter() - began)
         self.log.wall += time.perf_counter() - began

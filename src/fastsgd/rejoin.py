@@ -103,8 +103,7 @@ def join(loop: Loop) -> int:
     was = saved["loop"]
     loop.eval_time, loop.paused = was["eval_time"], was["paused"]
     loop.evaluated, loop.wall_before = was["evaluated"], was["wall"]
-    log = loop.log
-    log.last, log.time_to_target, log.count, log.wall = was["log"]
+    loop.log.load(was["log"])
     loop.start = loop.t.now() - was["clock"] - loop.eval_time - loop.paused
     loop.wall_start = time.perf_counter()
     seed = (loop.plan.config["run"]["seed"] * 1_000_003 + loop.rank * 10_007 + step) % 2**31

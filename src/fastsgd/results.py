@@ -81,6 +81,7 @@ def summary(loop: Loop, wall_time: float, end: float, totals: list[float]) -> di
         "global_batch": loop.world * cfg["data"]["batch_size"],
         "final_accuracy": last[1], "final_loss": last[2],
         "target_accuracy": loop.log.target or None, "time_to_target": loop.log.time_to_target,
+        "wall_to_target": loop.log.wall_to_target,
         # to the ns, as eval.jsonl's times are: unrounded, an evaluation at the end
         # could read a hair later than the run's end
         "wall_time": wall_time, "simulated_time": round(end, 9) if loop.plan.simulated

@@ -73,13 +73,12 @@ def complete(loop: Loop, step: int, digest: bytes, began: float,
 
 
 def loop_state(loop: Loop, began: float) -> dict[str, Any]:
-    log = loop.log
     return {"sent": loop.sent, "received": loop.received, "eval_time": loop.eval_time,
             "paused": loop.paused, "evaluated": loop.evaluated, "clock": loop.clock(),
             "start": loop.start, "began": began, "wall": loop.wall(),
             "penultimate": getattr(loop, "penultimate", None),
             "skipped": [loop.skipped, loop.bad_in_a_row],
-            "log": [log.last, log.time_to_target, log.count, log.wall]}
+            "log": loop.log.state()}
 
 
 def sim_state(loop: Loop, step: int) -> dict[str, Any]:
@@ -112,8 +111,7 @@ def restore(loop: Loop, step: int, data: bytes) -> int:
     if was["penultimate"] is not None:
         loop.penultimate = was["penultimate"]
     if loop.rank == 0:
-        log = loop.log
-        log.last, log.time_to_target, log.count, log.wall = was["log"]
+        loop.log.load(was["log"])
     if "sim" not in saved:
         loop.start = loop.t.now() - was["clock"] - loop.eval_time - loop.paused
         return step

@@ -343,7 +343,8 @@ class _Loop:
         stops once every worker has finished its step."""
         if self.plan.observer is not None:
             self.evaluated = step
-            self.plan.observer.hand_in(step, self.rank, self.model, self.clock(), self.score)
+            self.plan.observer.hand_in(step, self.rank, self.model, self.clock(), self.wall(),
+                                       self.score)
             self.t.off_clock()
             return
         self.t.barrier()
@@ -356,7 +357,7 @@ class _Loop:
                 self.log.take_over()
             resume.kill_if_asked(self.rank, step, "evaluation")
             accuracy, loss = self.plan.evaluate(model, self.plan.dataset, self.t.device)
-            self.log.record(step, when, model, accuracy, loss, consensus)
+            self.log.record(step, when, model, accuracy, loss, consensus, self.wall())
         self.evaluated = step  # only now: redone if a worker died meanwhile (recovery.py)
         self.log.count += 1
         self.eval_time += self.t.now() - began
