@@ -6,7 +6,8 @@ interrupted at a random point could not take part in a checkpoint, which is a co
 The launcher and its forked workers share two things in memory: each worker's progress
 (the steps it has done, written after every step) and the step to stop at, 0 until the
 launcher sets it. On Ctrl-C the launcher sets it a little ahead of the furthest worker:
-two steps, plus the steps the workers make in 100 ms, so that none has gone past it by the
+two steps, plus the steps the workers make in 100 ms. Each worker records its step and reads
+the stop under one lock, under which the launcher sets it, so none has gone past it by the
 time it reads it (synchronous workers are within a step of each other; asynchronous ones
 wait for the slowest in the checkpoint's barrier).
 
