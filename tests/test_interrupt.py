@@ -114,3 +114,24 @@ def test_a_worker_cannot_go_past_a_join_step_before_it_reads_it():
     while not first_seen and time.monotonic() < deadline:
         time.sleep(0.01)
     assert first_seen and first_seen[0] <= joined
+
+
+def test_a_worker_killed_inside_the_lock_leaves_it_free():
+    stop = Stop(mp.get_context("fork"), 2)
+    inside = mp.get_context("fork").Event()
+
+    def hold_forever():
+        with stop.lock:
+            inside.set()
+            time.sleep(600)
+
+    holder = mp.get_context("fork").Process(target=hold_forever)
+    holder.start()
+    assert inside.wait(30)
+    holder.kill()  # kill -9 while it holds the lock
+    holder.join()
+    took = []
+    thread = threading.Thread(target=lambda: took.append(stop.starting(0, 1)), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert took == [[0, 0]]

@@ -21,11 +21,14 @@ does in three such periods.
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
 import signal
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -39,6 +42,35 @@ _SHARED: Stop | StoreStop | None = None  # set in each forked worker (launch.py)
 
 class _Value:
     value = 0
+
+
+class _ProcessLock:
+    """A lock among the launcher, its forked workers and their threads that a holder's death
+    releases: a worker killed (-9) inside a multiprocessing lock would leave every other
+    worker and the launcher waiting for it for good. Each process takes an advisory lock
+    (flock) on a file it opened itself; the kernel drops it with the process."""
+
+    def __init__(self) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="fastsgd-lock-")
+        os.close(fd)
+        weakref.finalize(self, _remove_if_owner, self.path, os.getpid())
+        self._pid, self._fd, self._threads = -1, -1, threading.Lock()
+
+    def __enter__(self) -> None:
+        if self._pid != os.getpid():  # forked: a file description of its own
+            self._pid, self._fd = os.getpid(), os.open(self.path, os.O_RDWR)
+            self._threads = threading.Lock()  # flock does not tell this process's threads apart
+        self._threads.acquire()
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._threads.release()
+
+
+def _remove_if_owner(path: str, owner: int) -> None:
+    if os.getpid() == owner:
+        os.remove(path)
 
 
 class Stop:
@@ -59,7 +91,7 @@ class Stop:
         # and the launcher sets them under it ahead of every recorded step: so no worker can
         # have gone past a step set for it before it reads it (a lost race would leave it,
         # say, donating a joiner's state never, or stopping never)
-        self.lock = ctx.Lock() if ctx else nullcontext()
+        self.lock = _ProcessLock() if ctx else nullcontext()
 
     def request(self) -> int:
         """Set the step every worker stops after; returns it."""
