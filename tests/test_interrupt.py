@@ -104,7 +104,7 @@ def test_a_worker_cannot_go_past_a_join_step_before_it_reads_it():
 
     def worker():
         for step in range(51, 61):
-            if stop.starting(1, step)[2]:
+            if stop.starting(1, step)[2][0]:
                 first_seen.append(step)
                 return
 
@@ -134,4 +134,4 @@ def test_a_worker_killed_inside_the_lock_leaves_it_free():
     thread = threading.Thread(target=lambda: took.append(stop.starting(0, 1)), daemon=True)
     thread.start()
     thread.join(10)
-    assert took == [[0, 0]]
+    assert took == [[(0, 0), (0, 0)]]

@@ -100,3 +100,18 @@ def test_the_event_file_is_kept_up_to_date_while_the_run_trains(monkeypatch, tmp
         rows = sorted((m["step"], m["loss"]) for m in run.metrics() if m["rank"] == rank)
         assert losses == [(s, pytest.approx(v)) for s, v in rows]  # each once, all of them
     assert [e.step for e in mux.Scalars("live", "accuracy")] == [10, 20, 30]
+
+
+def test_an_event_file_that_another_worker_wrote_meanwhile_is_started_over(tmp_path):
+    # the worker that evaluates was lost, another led the run for a while, and it is back
+    line = '{"step": %d, "rank": 0, "time": 0.5, "loss": 2.0, "bytes_sent": 8}\n'
+    (tmp_path / "metrics.jsonl").write_text(line % 1 + '{"step": 2, "ra\n')  # a torn line
+    first = EventFile(tmp_path, start=1000.0)
+    path = first.update()
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(line % 3)
+    EventFile(tmp_path, start=1000.0).update()  # the other leader's: the whole file again
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(line % 4)
+    assert first.update() == path
+    assert len(_records(path)) == 1 + 3 * 2  # once each: steps 1, 3 and 4

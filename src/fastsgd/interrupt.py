@@ -47,8 +47,9 @@ class _Value:
 class _ProcessLock:
     """A lock among the launcher, its forked workers and their threads that a holder's death
     releases: a worker killed (-9) inside a multiprocessing lock would leave every other
-    worker and the launcher waiting for it for good. Each process takes an advisory lock
-    (flock) on a file it opened itself; the kernel drops it with the process."""
+    worker and the launcher waiting for it for good. Each process takes a POSIX record lock
+    (lockf) on a file it opened itself: the kernel drops it with the process, and a process
+    forked meanwhile (a joiner, a data loader's) does not inherit it."""
 
     def __init__(self) -> None:
         fd, self.path = tempfile.mkstemp(prefix="fastsgd-lock-")
@@ -59,12 +60,16 @@ class _ProcessLock:
     def __enter__(self) -> None:
         if self._pid != os.getpid():  # forked: a file description of its own
             self._pid, self._fd = os.getpid(), os.open(self.path, os.O_RDWR)
-            self._threads = threading.Lock()  # flock does not tell this process's threads apart
+            self._threads = threading.Lock()  # lockf does not tell this process's threads apart
         self._threads.acquire()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        except BaseException:  # a Ctrl-C in the launcher while it waits
+            self._threads.release()
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        fcntl.lockf(self._fd, fcntl.LOCK_UN)
         self._threads.release()
 
 
@@ -107,11 +112,12 @@ class Stop:
             self.progress[rank] = step
             return self.stop_at.value == step
 
-    def starting(self, rank: int, step: int) -> list[int]:
-        """A worker starts `step` (it has done as many): `joined_at` as it is now."""
+    def starting(self, rank: int, step: int) -> list[tuple[int, int]]:
+        """A worker starts `step` (it has done as many): per rank, (joined_at, donor) as
+        they are now, read together (a rank replaced again changes both)."""
         with self.lock:
             self.progress[rank] = step
-            return list(self.joined_at)
+            return list(zip(self.joined_at, self.donor))
 
     def settled(self, rank: int) -> bool:
         """Has the process standing for `rank` its state: it started with the run, or it
@@ -276,24 +282,17 @@ def joining() -> tuple[int, int, int] | None:
     return tuple(int(x) for x in spec.split(":")) if spec else None  # type: ignore[return-value]
 
 
-def donors() -> dict[int, tuple[int, int]]:
-    """The joins this worker's state is asked for: joiner rank -> (step, donor)."""
-    if not isinstance(_SHARED, Stop):
-        return {}
-    return {r: (int(step), int(_SHARED.donor[r])) for r, step in enumerate(_SHARED.joined_at)
-            if step}
-
-
 def left_after(rank: int) -> int | None:
     """How many steps the last process of `rank` that a new one replaced had done, as the
     launcher's shared memory says (None outside `fastsgd run`'s workers)."""
     return int(_SHARED.left_after[rank]) if isinstance(_SHARED, Stop) else None
 
 
-def starting(rank: int, step: int) -> list[int]:
+def starting(rank: int, step: int) -> list[tuple[int, int]]:
     """At the start of each step in `fastsgd run`'s workers: record it, and return per rank
-    the step from which a worker that took a lost one's place is back (as `joined_at`);
-    never one this worker has gone past (Stop.lock). [] outside `fastsgd run`'s workers."""
+    the step from which a worker that took a lost one's place is back (0: none; never one
+    this worker has gone past: Stop.lock) and the rank whose state it starts from.
+    [] outside `fastsgd run`'s workers."""
     return _SHARED.starting(rank, step) if isinstance(_SHARED, Stop) else []
 
 

@@ -14,8 +14,9 @@ PHASES = ("io", "h2d", "forward", "backward", "aggregation", "update")
 class JsonLines:
     """Appends JSON objects to a file; each flush is one write() on an O_APPEND descriptor, so
     several processes (or simulated workers) can share the file without interleaving lines.
-    Lines are flushed every `flush_every` of them, or once the oldest is `within` seconds
-    old: a worker killed at any moment loses at most that much."""
+    Lines are flushed every `flush_every` of them, or by the first write once the oldest is
+    `within` seconds old: a worker killed at any moment loses what it wrote in about that
+    long (a step's worth more where steps take longer)."""
 
     def __init__(self, path: Path, flush_every: int = 50, within: float = 1.0):
         self.path = Path(path)

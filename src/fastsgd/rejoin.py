@@ -38,18 +38,18 @@ JOIN_TAG = frames.JOIN_TAG  # the donor's state for a joiner
 def at_step(loop: Loop, step: int) -> None:
     """At the start of each step: learn of workers that join (transport/roster.py), and
     give one that joins at this step from this worker's state its state."""
-    returns = interrupt.starting(loop.rank, step)
+    joins = interrupt.starting(loop.rank, step)  # per rank: (the step it joins at, donor)
     note = getattr(loop.t, "note_returns", None)
     if note is not None:
-        note(step, returns)
-    donate(loop, step)
+        note(step, [at for at, _ in joins])
+    donate(loop, step, joins)
 
 
-def donate(loop: Loop, step: int) -> None:
+def donate(loop: Loop, step: int, joins: list[tuple[int, int]]) -> None:
     """Send the state to every worker that joins at `step` from this one's (once each: a
     rank may be lost and replaced again)."""
-    for joiner, (at, donor) in interrupt.donors().items():
-        if at != step or donor != loop.rank or (joiner, at) in loop.donated:
+    for joiner, (at, donor) in enumerate(joins):
+        if not at or at != step or donor != loop.rank or (joiner, at) in loop.donated:
             continue
         loop.donated.add((joiner, at))
         if (os.environ.get("FASTSGD_TEST_KILL_DONOR") == str(loop.rank)

@@ -19,6 +19,7 @@ import json
 import math
 import socket
 import struct
+import threading
 from pathlib import Path
 
 FLOAT_MAX = 3.4028234663852886e38
@@ -92,15 +93,40 @@ class EventFile:
     """A run's event file, kept up to date: each `update` appends what metrics.jsonl and
     eval.jsonl gained since the last one (whole lines only), so TensorBoard, which reads on
     from where it stopped, shows the run live. The first replaces the file written before (a
-    resumed run's). `start` is the epoch time the run's clock counts from."""
+    resumed run's), and so does any update that finds the file not as it left it (another
+    worker wrote it while it led the run). `start` is the epoch time the run's clock counts
+    from."""
 
     def __init__(self, run_dir: str | Path, start: float):
         self.run_dir, self.start = Path(run_dir), start
         self.path: Path | None = None
         self._read = {"metrics.jsonl": 0, "eval.jsonl": 0}  # bytes taken in of each
+        self._left: tuple[int, int, int] | None = None  # the file as the last update left it
+        self._lock = threading.Lock()  # one update at a time: the live one runs in a thread
+        self._live: threading.Thread | None = None
+
+    def update_soon(self) -> None:
+        """Update in a thread of its own (the training thread goes on), unless one still runs;
+        a live view: what fails here is done again by the next update."""
+        if self._live is None or not self._live.is_alive():
+            self._live = threading.Thread(target=self._try_update, daemon=True,
+                                          name="fastsgd-tensorboard")
+            self._live.start()
+
+    def _try_update(self) -> None:
+        try:
+            self.update()
+        except (OSError, ValueError):
+            pass
 
     def update(self) -> Path:
+        with self._lock:
+            return self._update()
+
+    def _update(self) -> Path:
         records = []
+        if self.path is not None and self._left != _identity(self.path):
+            self.path, self._read = None, dict.fromkeys(self._read, 0)  # start over
         if self.path is None:
             for old in self.run_dir.glob(f"{PREFIX}*{SUFFIX}"):
                 old.unlink()
@@ -115,6 +141,7 @@ class EventFile:
                         for key, tag in PER_EVAL.items() if row.get(key) is not None]
         with open(self.path, "ab") as f:
             f.write(b"".join(map(record, records)))
+        self._left = _identity(self.path)
         return self.path
 
     def _new_rows(self, name: str) -> list[dict]:
@@ -126,7 +153,23 @@ class EventFile:
             return []
         whole = data[:data.rfind(b"\n") + 1]  # a line being written waits for the next update
         self._read[name] += len(whole)
-        return [json.loads(line) for line in whole.splitlines() if line.strip()]
+        return [row for line in whole.splitlines() if (row := _decoded(line)) is not None]
+
+
+def _decoded(line: bytes) -> dict | None:
+    """A line of a JSON Lines file; None for a blank or torn one (a write cut short)."""
+    try:
+        return json.loads(line) if line.strip() else None
+    except ValueError:
+        return None
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def write_events(run_dir: str | Path, start: float) -> Path:

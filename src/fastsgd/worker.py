@@ -207,7 +207,9 @@ class _Loop:
         if self.rank == self.leader:
             if not self.plan.simulated:
                 self.metrics.flush()
-            self.event_file().update()
+            self.event_file().update_soon()  # off the training thread
+        else:
+            self.events = None  # leading again later starts the file over
 
     def event_file(self) -> EventFile:
         if self.events is None:
