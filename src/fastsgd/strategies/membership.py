@@ -89,12 +89,15 @@ def _bridge(topology: Topology, rank: int, lost: int, gone: set[int]) -> int:
 
 def await_messages(transport: Transport, tag: int,
                    due: Callable[[], int]) -> list[tuple[int, torch.Tensor]]:
-    """Wait for `due()` messages with `tag`; `due` is asked again whenever a peer is found
-    lost meanwhile (it may no longer be sending)."""
+    """Wait for `due()` messages with `tag`; `due` is asked again only when a peer is found
+    lost meanwhile (it may no longer be sending): it may be costly (sgp's counts every step
+    of the run), and asked after every message it made a drain of n messages after many
+    rejoins take n times that (minutes: a soak's run seemed to hang at its end)."""
     arrived: list[tuple[int, torch.Tensor]] = []
-    while len(arrived) < due():
+    wanted = due()
+    while len(arrived) < wanted:
         try:
             arrived.append(transport.wait_message(tag))
         except PeerLost:
-            continue
+            wanted = due()
     return arrived
