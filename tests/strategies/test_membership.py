@@ -6,8 +6,9 @@ import random
 import pytest
 import torch
 
-from fastsgd.strategies.membership import healed_weights
+from fastsgd.strategies.membership import await_messages, healed_weights
 from fastsgd.topology import build_topology
+from fastsgd.transport.base import PeerLost
 
 
 def _matrix(topology, gone):
@@ -47,3 +48,29 @@ def test_without_any_lost_workers_w_stays_doubly_stochastic(name, n):
         assert torch.allclose(sub, sub.T)
         assert torch.allclose(sub.sum(1), torch.ones(len(live), dtype=torch.float64))
         assert float(w[:, sorted(gone)].abs().sum()) == 0  # no weight on a lost worker
+
+
+class _Messages:
+    """Five messages, and a peer found lost after the second."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def wait_message(self, tag):
+        self.calls += 1
+        if self.calls == 3:
+            raise PeerLost([2])
+        return (1, torch.zeros(1))
+
+
+def test_the_messages_due_are_counted_again_only_when_a_peer_is_lost():
+    # sgp's count walks the whole run against the roster: asked after every message, a
+    # drain after many rejoins took minutes (a soak, 2026-11-28)
+    asked = []
+
+    def due():
+        asked.append(1)
+        return 5 if len(asked) == 1 else 4  # the lost peer's last message will not come
+
+    arrived = await_messages(_Messages(), 21, due)
+    assert len(arrived) == 4 and len(asked) == 2
