@@ -160,6 +160,7 @@ class Observer:
         chosen = snapshot.representative()
         accuracy, loss = self.evaluate(chosen)
         self.log.count += 1
+        spent = time.perf_counter() - began
         self.log.record(step, snapshot.when, chosen, accuracy, loss, snapshot.consensus(),
-                        snapshot.wall + time.perf_counter() - began)
-        self.log.wall += time.perf_counter() - began
+                        snapshot.wall + spent)
+        self.log.wall += spent

@@ -20,8 +20,8 @@ from fastsgd.report.text import human_bytes, phase_breakdown
 
 COLUMNS = ("run", "strategy", "codec", "workers", "steps", "clock", "final_accuracy",
            "target_accuracy", "time_to_target_s", "wall_to_target_s", "epochs_to_target",
-           "training_time_s",
-           "wall_time_s", "samples_per_s", "bytes_sent", "bytes_per_step", "comm_overhead",
+           "training_time_s", "wall_time_s", "samples_per_s", "bytes_sent", "bytes_per_step",
+           "comm_overhead",
            *(f"{p}_ms" for p in PHASES), "consensus_distance", "scaling_efficiency", "path")
 
 
