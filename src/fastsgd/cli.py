@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
 
@@ -16,6 +17,8 @@ USAGE_EXAMPLES = """examples:
   fastsgd run --resume runs/allreduce-20261126-101500        continue it from its checkpoint
   fastsgd report runs/a runs/b --out cmp                     tables, plots, one HTML page
   fastsgd bench sweep.toml --jobs 2                          a matrix of runs, then a report
+  fastsgd pack train.py --out job.fsj                        a job without its source
+  fastsgd run job.fsj --data fashion_mnist                   train it
   fastsgd keys                                               every config key
 """
 KEYS_HINT = "every section and key, with defaults: fastsgd keys"
@@ -43,9 +46,14 @@ def _parser() -> argparse.ArgumentParser:
                            help="continue RUN_DIR from its newest checkpoint "
                                 "(run.checkpoint_every), with its config.toml")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+        if name != "demo":
+            p.add_argument("--data", default=None, metavar="NAME|FOLDER",
+                           help="the dataset: a name (fashion_mnist, digits...) or a folder of "
+                                "IDX files; sets data.name and data.path")
     text = "list every config section and key: type, default, meaning"
     sub.add_parser("keys", help=text, description=text)
     _topology_parser(sub)
+    _pack_parser(sub)
     _report_parser(sub)
     _bench_parser(sub)
     return parser
@@ -63,6 +71,39 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="run the cells as tasks of the Ray cluster at ADDRESS (auto, HOST:PORT)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _pack_parser(sub: argparse._SubParsersAction) -> None:
+    text = ("write a job archive (.fsj) that trains without your Python source: the step and "
+            "model as graphs, the initial parameters, the config")
+    p = sub.add_parser("pack", help=text, description=text, epilog=KEYS_HINT)
+    p.add_argument("source", help="train.py (defining one fastsgd.Job at module level; "
+                                  "train.py:NAME picks one) or a TOML config")
+    p.add_argument("--out", default=None, help="the archive (default: SOURCE's name .fsj)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one key of the job's config (repeatable)")
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from fastsgd import config as cfg
+    from fastsgd.job import Job
+    from fastsgd.pack.source import job_from_script
+
+    _check_set_items(args.set, args.source)
+    overrides = cfg.parse_overrides(args.set)
+    path, _, name = args.source.partition(".py:") if ".py:" in args.source else (
+        args.source, "", "")
+    if path.endswith(".py") or name:
+        script = path if path.endswith(".py") else f"{path}.py"
+        job = job_from_script(script, name or None, overrides)
+    else:
+        job = Job(config=path, options=overrides)
+    out = args.out or f"{Path(path).stem}.fsj"
+    written = job.pack(out)
+    size = written.stat().st_size / 1e6
+    print(f"packed {args.source} into {written} ({size:.2f} MB); train it with: "
+          f"fastsgd run {written}   (or: fastsgd simulate {written})")
+    return 0
 
 
 def _report_parser(sub: argparse._SubParsersAction) -> None:
@@ -148,6 +189,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _show_topology(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "pack":
+        return _pack(args)
     if args.command == "bench":
         from fastsgd.bench import run_bench
 
@@ -162,7 +205,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     path = getattr(args, "config", None)
     _check_set_items(args.set, path)
-    job = Job(config=path, options=cfg.parse_overrides(args.set), quiet=args.quiet,
+    options = {**cfg.parse_overrides(args.set), **_data_option(getattr(args, "data", None))}
+    job = Job(config=path, options=options, quiet=args.quiet,
               overwrite=args.overwrite, resume=getattr(args, "resume", None))
     config = job.config
     if args.command == "demo":
@@ -175,6 +219,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         *lines, last = text_report(result.run_dir).splitlines()
         print("\n".join([*lines, f"report         {page}", last]))  # the folder stays last
     return 0
+
+
+def _data_option(value: str | None) -> dict[str, str]:
+    """--data NAME or --data FOLDER (IDX files) as data.name and data.path."""
+    if value is None:
+        return {}
+    if Path(value).is_dir():
+        return {"data.name": "idx", "data.path": value}
+    return {"data.name": value, "data.path": ""}
 
 
 def _check_set_items(items: list[str], path: str | None) -> None:

@@ -96,6 +96,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
                        doc="loss of a batch: cross_entropy | module:function(model, batch)"),
         "evaluate": Option(str, "accuracy", doc="test metrics: accuracy | "
                            "module:function(model, dataset, device) -> (accuracy, loss)"),
+        "packed": Option(str, "", doc="a job archive from fastsgd pack (.fsj): its model, "
+                         "step and initial parameters (then name and step are 'packed')"),
     },
     "optimizer": {
         "name": Option(str, "sgd", _optimizer_name,

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fastsgd import config as cfg
-from fastsgd import interrupt
+from fastsgd import interrupt, pack
 from fastsgd.components import (
     OptimizerFn,
     function_from_config,
@@ -29,6 +29,7 @@ from fastsgd.metrics import read_jsonl, write_json
 from fastsgd.models import build_model
 from fastsgd.objects import is_import_path, resolve
 from fastsgd.observe import EvalLog, Observer
+from fastsgd.pack import PACKED, PackedFactory, check_data, packed_step
 from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out
 from fastsgd.strategies import STRATEGIES, Strategy, build_strategy
@@ -43,9 +44,10 @@ from fastsgd.transport.rendezvous import peer_gone, pick_backend
 from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
 from fastsgd.transport.sim.compute import compute_model
 from fastsgd.transport.torch_dist import TorchTransport
-from fastsgd.worker import EvalFn, Plan, StepFn, train
+from fastsgd.worker import EvalFn, Plan, StepFn, evaluate_classifier, train
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
+ARCHIVE_SUFFIX = ".fsj"  # a job archive (fastsgd pack) in place of a config file
 
 
 @dataclass
@@ -87,6 +89,9 @@ class Job:
         if resume is not None:
             config, options = _resume_config(Path(resume), config), {
                 **(options or {}), "run.out": str(resume)}
+        if isinstance(config, (str, Path)) and str(config).endswith(ARCHIVE_SUFFIX):
+            config, options = _archive_config(config), {
+                **(options or {}), "model.packed": str(Path(config).resolve())}
         raw = cfg.read_toml(Path(config)) if isinstance(config, (str, Path)) else (config or {})
         raw = {s: dict(v) if isinstance(v, dict) else v for s, v in raw.items()}
         for key, value in (options or {}).items():
@@ -112,8 +117,11 @@ class Job:
     def _resolve(self, given: dict[str, Any]) -> None:
         """The pieces the config names, where no object was given (fails early, one line)."""
         section = self.config["model"]
-        self._model = model_argument(given["model"]) or model_factory(section["name"])
-        self._step = given["step"] or function_from_config("step", section["step"])
+        if section["packed"] or PACKED in (section["name"], section["step"]):
+            self._model, self._step = self._packed(given)
+        else:
+            self._model = model_argument(given["model"]) or model_factory(section["name"])
+            self._step = given["step"] or function_from_config("step", section["step"])
         self._evaluate = given["evaluate"] or function_from_config("evaluate",
                                                                    section["evaluate"])
         optimizer = given["optimizer"]
@@ -121,6 +129,29 @@ class Job:
             self.config["optimizer"])
         self._data = given["data"]
         self._strategy, self._compressor = given["strategy"], given["compressor"]
+
+    def _packed(self, given: dict[str, Any]) -> tuple[PackedFactory, StepFn]:
+        """model.packed: the model, the step and the initial parameters are the archive's."""
+        section = self.config["model"]
+        if not section["packed"]:
+            raise ConfigError(f"model.name = '{section['name']}', model.step = "
+                              f"'{section['step']}': 'packed' needs model.packed = PATH, a "
+                              "job archive from fastsgd pack")
+        for key, arg in (("name", "model"), ("step", "step")):
+            if section[key] != PACKED or given[arg] is not None:
+                raise ConfigError(f"model.packed = '{section['packed']}' holds the model and "
+                                  f"the step: leave model.{key} out")
+        return PackedFactory(section["packed"], pack.versions()), packed_step
+
+    def pack(self, out: str | Path) -> Path:
+        """Write this job to `out`, a job archive (.fsj) that `fastsgd run`, `simulate` and
+        torchrun train without this job's Python source (see pack/)."""
+        if self._evaluate is not evaluate_classifier:
+            raise UserError("model.evaluate is the user's Python code, which a job archive "
+                            "does not carry; a packed job is evaluated by accuracy")
+        config = self.config
+        dataset = self._dataset(config)
+        return pack.pack(config, self._model_factory(config, dataset), self._step, dataset, out)
 
     def run(self, workers: int | None = None) -> Result:
         """Train on real processes: `workers` local processes, or, under torchrun, this
@@ -245,6 +276,8 @@ class Job:
         return load_dataset(data["name"], data["path"] or None, config["run"]["seed"])
 
     def _model_factory(self, config: dict, dataset: Dataset) -> Callable[[], torch.nn.Module]:
+        if isinstance(self._model, PackedFactory):
+            check_data(self._model.archive, dataset)
         if self._model is not None:
             return self._model
         name = config["model"]["name"]
@@ -274,6 +307,11 @@ def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Pat
     if not path.is_file():
         raise UserError(f"cannot resume {run_dir}: no config.toml there (not a run directory)")
     return path
+
+
+def _archive_config(path: str | Path) -> dict:
+    """The config a job archive carries (checked: whole, unchanged, this torch)."""
+    return pack.read_archive(path, pack.versions()).config
 
 
 def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:

@@ -1,0 +1,86 @@
+"""`fastsgd pack`: a job as one archive that trains without the user's Python source.
+
+The archive (archive.py) holds the step and the model as graphs of ATen operations
+(export.py), the initial parameters, the resolved configuration and the input signature.
+`fastsgd run job.fsj`, `fastsgd simulate job.fsj` and torchrun train it on a machine that
+has fastsgd and torch and nothing of the user's (packed.py).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastsgd.data import Dataset
+from fastsgd.errors import UserError
+from fastsgd.objects import is_import_path
+from fastsgd.pack.archive import Archive, read_archive, write_archive
+from fastsgd.pack.export import StepFn, export_programs
+from fastsgd.pack.packed import PackedFactory, PackedModel, check_data, packed_step, signature
+
+__all__ = ["Archive", "PackedFactory", "PackedModel", "check_data", "pack", "packed_step",
+           "read_archive", "versions"]
+
+PACKED = "packed"  # model.name and model.step of a packed job
+BUILTIN_NAMES = {"optimizer.name": ("sgd", "adam"), "model.evaluate": ("accuracy",)}
+
+
+def versions() -> dict[str, str]:
+    from fastsgd import __version__
+
+    return {"fastsgd": __version__, "torch": torch.__version__}
+
+
+def pack(config: dict[str, Any], make_model: Callable[[], torch.nn.Module], step: StepFn,
+         dataset: Dataset, out: str | Path) -> Path:
+    """Write the job to `out` (an .fsj archive) and return its path. The model is built as
+    a worker builds it (torch.manual_seed(run.seed), then make_model()), so the archive's
+    initial parameters are the ones the source job starts from."""
+    packed = packed_config(config)
+    torch.manual_seed(config["run"]["seed"])
+    model = make_model()
+    rng = torch.get_rng_state()
+    n = min(config["data"]["batch_size"], len(dataset.train_y))
+    x, y = dataset.train_x[:n], dataset.train_y[:n]
+    loss, forward = export_programs(model, step, x, y)
+    with torch.no_grad():
+        was_training = model.training
+        output = model.eval()(x[:1])
+        model.train(was_training)
+    tensors = {"parameters": [(k, p) for k, p in model.named_parameters()],
+               "buffers": [(k, b) for k, b in model.named_buffers()],
+               "rng": [("cpu", rng)]}
+    path = Path(out)
+    write_archive(path, packed, signature(dataset, output),
+                  {"loss.pt2": loss, "forward.pt2": forward}, tensors, versions())
+    return path
+
+
+def packed_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config an archive carries: nothing that names the user's code, no run folder."""
+    for key, allowed in BUILTIN_NAMES.items():
+        section, name = key.split(".")
+        value = config[section][name]
+        if value not in allowed and not _torch_path(value):
+            raise UserError(f"{key} = '{value}' is the user's Python code, which a job "
+                            f"archive does not carry; use {' or '.join(allowed)}"
+                            + (" or a torch.optim class" if section == "optimizer" else ""))
+    for key in ("strategy.name", "compression.name", "data.name"):
+        section, name = key.split(".")
+        value = config[section][name]
+        if is_import_path(value) and not _torch_path(value):
+            raise UserError(f"{key} = '{value}' is the user's Python code, which a job "
+                            "archive does not carry; use a built-in one (fastsgd keys)")
+    out = copy.deepcopy(config)
+    out["model"] = {**out["model"], "name": PACKED, "step": PACKED, "evaluate": "accuracy",
+                    "packed": ""}
+    out["run"]["out"] = ""
+    return out
+
+
+def _torch_path(value: str) -> bool:
+    return value.startswith("torch.") and ":" in value
