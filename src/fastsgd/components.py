@@ -16,14 +16,15 @@ import torch
 from fastsgd.compress import CODECS
 from fastsgd.data import SEEDED_DATASETS, Dataset
 from fastsgd.errors import UserError
+from fastsgd.frameworks.base import model_loss_step
 from fastsgd.objects import import_path, is_import_path, resolve
 from fastsgd.options import Registry
 from fastsgd.strategies import STRATEGIES
 from fastsgd.worker import cross_entropy_step, evaluate_classifier
 
 OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
-BUILTIN_FUNCTIONS = {"step": ("cross_entropy", cross_entropy_step),
-                     "evaluate": ("accuracy", evaluate_classifier)}
+BUILTIN_FUNCTIONS = {"step": {"cross_entropy": cross_entropy_step, "model_loss": model_loss_step},
+                     "evaluate": {"accuracy": evaluate_classifier}}
 
 
 def record(model: Any = None, step: Any = None, evaluate: Any = None, optimizer: Any = None,
@@ -53,8 +54,8 @@ def _function_name(key: str, arg: Any) -> str:
         return arg
     if isinstance(arg, torch.nn.Module):
         return f"<instance of {import_path(type(arg))}>"
-    name, builtin = BUILTIN_FUNCTIONS.get(key, (None, None))
-    return name if arg is builtin else import_path(arg)
+    names = {fn: name for name, fn in BUILTIN_FUNCTIONS.get(key, {}).items()}
+    return names.get(arg) or import_path(arg)
 
 
 def record_optimizer(factory: Any) -> dict[str, Any]:
@@ -101,8 +102,7 @@ def _record_component(obj: Any, registry: Registry) -> dict[str, Any]:
 
 def function_from_config(key: str, value: str) -> Callable[..., Any]:
     """[model] step or evaluate: a built-in name or an import path."""
-    name, builtin = BUILTIN_FUNCTIONS[key]
-    return builtin if value == name else resolve(value, f"model.{key}")
+    return BUILTIN_FUNCTIONS[key].get(value) or resolve(value, f"model.{key}")
 
 
 def model_factory(value: str) -> Callable[[], torch.nn.Module] | None:

@@ -93,7 +93,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
     "model": {
         "name": Option(str, "lenet", doc="mlp | lenet | resnet20 | module:Name (no arguments)"),
         "step": Option(str, "cross_entropy",
-                       doc="loss of a batch: cross_entropy | module:function(model, batch)"),
+                       doc="loss of a batch: cross_entropy | model_loss (the model's own: JAX, "
+                       "packed) | module:function(model, batch)"),
         "evaluate": Option(str, "accuracy", doc="test metrics: accuracy | "
                            "module:function(model, dataset, device) -> (accuracy, loss)"),
         "packed": Option(str, "", doc="a job archive from fastsgd pack (.fsj): its model, "

@@ -24,12 +24,13 @@ from fastsgd.components import (
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.data import Dataset, load_dataset
 from fastsgd.errors import ConfigError, Interrupted, UserError, WorkerFailed
+from fastsgd.frameworks import brings_its_step, model_loss_step
 from fastsgd.launch import launch
 from fastsgd.metrics import read_jsonl, write_json
 from fastsgd.models import build_model
 from fastsgd.objects import is_import_path, resolve
 from fastsgd.observe import EvalLog, Observer
-from fastsgd.pack import PACKED, PackedFactory, check_data, packed_step
+from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out
 from fastsgd.strategies import STRATEGIES, Strategy, build_strategy
@@ -121,6 +122,8 @@ class Job:
             self._model, self._step = self._packed(given)
         else:
             self._model = model_argument(given["model"]) or model_factory(section["name"])
+            if brings_its_step(self._model) and section["step"] == "cross_entropy":
+                section["step"] = "model_loss"  # a JAX model's own loss, unless told
             self._step = given["step"] or function_from_config("step", section["step"])
         self._evaluate = given["evaluate"] or function_from_config("evaluate",
                                                                    section["evaluate"])
@@ -141,7 +144,7 @@ class Job:
             if section[key] != PACKED or given[arg] is not None:
                 raise ConfigError(f"model.packed = '{section['packed']}' holds the model and "
                                   f"the step: leave model.{key} out")
-        return PackedFactory(section["packed"], pack.versions()), packed_step
+        return PackedFactory(section["packed"], pack.versions()), model_loss_step
 
     def pack(self, out: str | Path) -> Path:
         """Write this job to `out`, a job archive (.fsj) that `fastsgd run`, `simulate` and
@@ -158,6 +161,9 @@ class Job:
         process as one worker of the torchrun job (any number of nodes)."""
         if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ:
             return self._run_here()
+        hazard = getattr(self._model, "fork_hazard", None)
+        if hazard is not None and hazard():  # e.g. JAX, already running in this process
+            raise UserError(hazard())
         config = self._with_workers(workers)
         plan = self.plan(config)
         failures = supervise(plan, lambda attempt: launch(
@@ -276,8 +282,9 @@ class Job:
         return load_dataset(data["name"], data["path"] or None, config["run"]["seed"])
 
     def _model_factory(self, config: dict, dataset: Dataset) -> Callable[[], torch.nn.Module]:
-        if isinstance(self._model, PackedFactory):
-            check_data(self._model.archive, dataset)
+        check = getattr(self._model, "check_data", None)  # a packed or a JAX model's
+        if check is not None:
+            check(dataset, config["data"]["batch_size"])
         if self._model is not None:
             return self._model
         name = config["model"]["name"]

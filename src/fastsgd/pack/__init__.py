@@ -20,10 +20,9 @@ from fastsgd.errors import UserError
 from fastsgd.objects import is_import_path
 from fastsgd.pack.archive import Archive, read_archive, write_archive
 from fastsgd.pack.export import StepFn, export_programs
-from fastsgd.pack.packed import PackedFactory, PackedModel, check_data, packed_step, signature
+from fastsgd.pack.packed import PackedFactory, PackedModel, signature
 
-__all__ = ["Archive", "PackedFactory", "PackedModel", "check_data", "pack", "packed_step",
-           "read_archive", "versions"]
+__all__ = ["Archive", "PackedFactory", "PackedModel", "pack", "read_archive", "versions"]
 
 PACKED = "packed"  # model.name and model.step of a packed job
 BUILTIN_NAMES = {"optimizer.name": ("sgd", "adam"), "model.evaluate": ("accuracy",)}

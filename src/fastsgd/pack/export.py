@@ -16,14 +16,13 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import traceback
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from fastsgd.errors import UserError
+from fastsgd.frameworks.base import user_code_failed
 
 StepFn = Callable[[nn.Module, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
 KEPT_META = ("val", "tensor_meta")  # what the serializer needs: shapes and dtypes
@@ -100,7 +99,7 @@ def _export(module: nn.Module, args: tuple, dynamic: tuple,
             program = torch.export.export(module, args, dynamic_shapes=dynamic, strict=False)
     except Exception as e:  # noqa: BLE001 - whatever export raises is the user's code's
         raise UserError(f"{key} cannot be exported to a graph (fastsgd pack): "
-                        f"{_why(e)}{_where(e)}") from None
+                        f"{user_code_failed(e)}") from None
     captured = [s.target or s.arg.name for s in program.graph_signature.input_specs
                 if s.kind != torch.export.graph_signature.InputKind.USER_INPUT]
     if captured:  # they would be frozen into the graph, and never trained or updated
@@ -132,32 +131,6 @@ def _check_scalar(program: torch.export.ExportedProgram) -> None:
                 if isinstance(value, torch.Tensor) else type(value).__name__)
         raise UserError(f"model.step must return the batch's loss as a floating-point scalar "
                         f"tensor; it returned {what}")
-
-
-HINTS = {  # export's errors whose first line does not say what the user did
-    "GuardOnDataDependentSymNode": "a Python branch or conversion on a tensor's value "
-    "(data-dependent control flow; torch.where or torch.cond can express it in the graph)"}
-
-
-def _why(e: Exception) -> str:
-    name = type(e).__name__
-    if name in HINTS:
-        return f"{HINTS[name]} [{name}]"
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return f"{name}: {lines[0] if lines else 'no message'}"
-
-
-def _where(e: Exception) -> str:
-    """ at FILE:LINE in FUNCTION: CODE, the innermost frame of the user's own code."""
-    torch_dir = str(Path(torch.__file__).parent)
-    ours = str(Path(__file__).parent.parent)
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if not f.filename.startswith((torch_dir, ours)) and "/site-packages/" not in
-              f.filename and not f.filename.startswith("<")]
-    if not frames:
-        return ""
-    f = frames[-1]
-    return f" (at {f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()})"
 
 
 def _save(program: torch.export.ExportedProgram) -> bytes:

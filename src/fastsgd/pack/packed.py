@@ -11,6 +11,7 @@ from torch import nn
 
 from fastsgd.data import Dataset
 from fastsgd.errors import UserError
+from fastsgd.frameworks.base import register
 from fastsgd.pack.archive import Archive, read_archive
 
 _LOADED: dict[str, tuple[Archive, Programs]] = {}  # per process: every replica shares them
@@ -45,11 +46,9 @@ class PackedModel(nn.Module):
         super().__init__()
         self.__dict__["programs"] = programs
         for name, tensor in params:
-            owner, attr = _owner(self, name)
-            owner.register_parameter(attr, nn.Parameter(tensor.clone()))
+            register(self, name, tensor.clone(), parameter=True)
         for name, tensor in buffers:
-            owner, attr = _owner(self, name)
-            owner.register_buffer(attr, tensor.clone())
+            register(self, name, tensor.clone(), parameter=False)
         order = [n for n, _ in self.named_parameters()] + [n for n, _ in self.named_buffers()]
         if order != [n for n, _ in params] + [n for n, _ in buffers]:
             raise UserError("the archive's parameters are not in the model's order "
@@ -66,24 +65,6 @@ class PackedModel(nn.Module):
                 if value is not buffer:
                     buffer.copy_(value)
         return loss
-
-
-def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
-    """The submodule that holds `name` (a.b.weight: a.b, made empty where missing)."""
-    *path, attr = name.split(".")
-    module = root
-    for part in path:
-        if part not in module._modules:
-            module.add_module(part, nn.Module())
-        module = module._modules[part]
-    return module, attr
-
-
-def packed_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The step of a packed job: the archive's loss graph."""
-    if not isinstance(model, PackedModel):
-        raise UserError("model.step = 'packed' needs model.packed = PATH, a job archive")
-    return model.loss(*batch)
 
 
 class PackedFactory:
@@ -110,6 +91,10 @@ class PackedFactory:
             torch.set_rng_state(archive.tensors["rng/cpu"])
         return model
 
+    def check_data(self, dataset: Dataset, batch_size: int) -> None:
+        """The data fits the archive's input signature: one line naming both otherwise."""
+        _check_data(self.archive, dataset)
+
 
 def _cached(path: str, versions: dict[str, str]) -> tuple[Archive, Programs]:
     if path not in _LOADED:
@@ -118,8 +103,7 @@ def _cached(path: str, versions: dict[str, str]) -> tuple[Archive, Programs]:
     return _LOADED[path]
 
 
-def check_data(archive: Archive, dataset: Dataset) -> None:
-    """The data fits the archive's input signature: one line naming both otherwise."""
+def _check_data(archive: Archive, dataset: Dataset) -> None:
     sig = archive.signature
     shape, dtype = list(dataset.train_x.shape[1:]), str(dataset.train_x.dtype).split(".")[-1]
     if shape != sig["x_shape"] or dtype != sig["x_dtype"]:
