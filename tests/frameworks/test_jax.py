@@ -146,6 +146,21 @@ def test_forked_workers_are_refused_once_jax_ran_here(tmp_path):
         job.run()
 
 
+# Every family, each with a codec where it carries one: the JAX model is only a source of
+# gradients and a holder of parameters, so whatever the strategy does to them applies.
+@pytest.mark.parametrize("strategy,codec", [
+    ("allreduce", "topk"), ("ssp", "none"), ("localsgd", "qsgd"), ("easgd", "none"),
+    ("bmuf", "none"), ("diloco", "none"), ("dpsgd", "onebit"), ("adpsgd", "none"),
+    ("sgp", "fp16"), ("ps", "none"), ("hogwild", "none"), ("ltfb", "none")])
+def test_every_strategy_trains_a_jax_model(strategy, codec, tmp_path):
+    _, params = _torch_mlp()
+    job = fs.Job(model=fj.Model(params, jax_mlp.apply, jax_mlp.loss), data="digits",
+                 strategy=strategy, compressor=codec, quiet=True,
+                 options={"run.workers": 4, "run.steps": 150, "run.out": str(tmp_path),
+                          "compute.model": "fixed", "compute.step_time": "5ms"})
+    assert job.simulate().accuracy > 0.8
+
+
 def _accuracies(mode, out, *, parallel):
     """{framework: {strategy: accuracy}} of the MLP in PyTorch and in JAX (2 workers, 1500
     steps on Fashion-MNIST), each framework in a process of its own."""
