@@ -25,6 +25,7 @@ from fastsgd.compress import Compressor, build_compressor
 from fastsgd.data import Dataset, load_dataset
 from fastsgd.errors import ConfigError, Interrupted, UserError, WorkerFailed
 from fastsgd.frameworks import brings_its_step, model_loss_step
+from fastsgd.frameworks.base import NO_DDP
 from fastsgd.launch import launch
 from fastsgd.metrics import read_jsonl, write_json
 from fastsgd.models import build_model
@@ -244,6 +245,8 @@ class Job:
         dataset = self._dataset(config)
         strategy, codec = self._strategy_object(config), self._codec(config)
         check_codec(strategy, codec, config["run"]["workers"])
+        if strategy.name == "ddp" and self._step is model_loss_step:
+            raise UserError(NO_DDP)
         _check_momentum_once(codec, config["optimizer"])
         check_optimizer = getattr(strategy, "check_optimizer", None)
         if check_optimizer is not None:  # on a probe: before any worker starts
@@ -317,8 +320,14 @@ def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Pat
 
 
 def _archive_config(path: str | Path) -> dict:
-    """The config a job archive carries (checked: whole, unchanged, this torch)."""
-    return pack.read_archive(path, pack.versions()).config
+    """The config a job archive carries (checked: whole, unchanged, this torch, naming no
+    code of anyone's)."""
+    config = pack.read_archive(path, pack.versions()).config
+    try:
+        pack.check_config(cfg.validate(config))
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
+    return config
 
 
 def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:

@@ -55,6 +55,28 @@ def test_the_jax_loss_gives_torch_s_gradients():
     assert torch.allclose(module(x), model(x), atol=1e-5)  # evaluation: apply
 
 
+def test_a_pytree_of_mixed_depth_keeps_each_leaf_in_its_place():
+    params = {"a": {"w": jnp.ones((2, 3))}, "b": jnp.full((3,), 2.0)}  # torch lists b first
+
+    def loss(p, batch):
+        return (batch[0].reshape(len(batch[0]), -1)[:, :2] @ p["a"]["w"] * p["b"]).sum()
+
+    module = fj.Model(params, lambda p, x: x, loss)()
+    assert module.get_parameter("a.w").shape == (2, 3)
+    x = torch.ones(4, 1, 1, 2)
+    module.loss(x, torch.zeros(4, dtype=torch.long)).backward()
+    assert torch.equal(module.get_parameter("a.w").grad, torch.full((2, 3), 8.0))
+    assert torch.equal(module.get_parameter("b").grad, torch.full((3,), 8.0))
+
+
+def test_ddp_is_refused_for_a_jax_model():
+    _, params = _torch_mlp()
+    with pytest.raises(UserError, match="strategy.name = 'ddp' wraps the model"):
+        job = fs.Job(model=fj.Model(params, jax_mlp.apply, jax_mlp.loss), data="digits",
+                     strategy="ddp")
+        job.plan(job.config)  # what run() does first, once JAX may be forked
+
+
 def test_parameters_reach_jax_without_a_copy():
     _, params = _torch_mlp()
     module = fj.Model(params, jax_mlp.apply, jax_mlp.loss)()

@@ -12,7 +12,8 @@ from fastsgd import Job
 from fastsgd.cli import main
 from fastsgd.data import Dataset
 from fastsgd.errors import UserError
-from fastsgd.pack import packed, versions
+from fastsgd.models import build_model
+from fastsgd.pack import versions
 from fastsgd.pack.archive import read_archive
 from fastsgd.pack.packed import PackedFactory
 
@@ -80,20 +81,72 @@ def test_loading_unpickles_nothing(archive, tmp_path, monkeypatch):
     assert model(x).shape == (3, 10)
 
 
-def test_an_archive_holding_a_pickle_is_refused(archive, tmp_path):
-    with zipfile.ZipFile(archive) as z:
-        inner = z.read("loss.pt2")
-    src = tmp_path / "inner.zip"
-    src.write_bytes(inner)
-    _rewrite(src, tmp_path / "evil.zip", members={
-        "archive/data/sample_inputs/model.pt": pickle.dumps(("x", print))})
-    evil = (tmp_path / "evil.zip").read_bytes()
+def _tamper(archive, tmp_path, member, change):
+    """A copy of `archive` whose graph `member` went through `change(files) -> files` (its
+    inner members by name), with every checksum made right again, as an attacker would."""
     import hashlib
+    import io
 
-    bad = _rewrite(archive, tmp_path / "bad.fsj", members={"loss.pt2": evil}, manifest={
-        "members": {**json.loads(zipfile.ZipFile(archive).read("manifest.json"))["members"],
-                    "loss.pt2": hashlib.sha256(evil).hexdigest()}})
-    with pytest.raises(UserError, match="holds pickled data"):
+    with zipfile.ZipFile(archive) as z:
+        inner = zipfile.ZipFile(io.BytesIO(z.read(member)))
+        files = change({n: inner.read(n) for n in inner.namelist()})
+        manifest = json.loads(z.read("manifest.json"))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    data = buffer.getvalue()
+    return _rewrite(archive, tmp_path / "bad.fsj", members={member: data}, manifest={
+        "members": {**manifest["members"], member: hashlib.sha256(data).hexdigest()}})
+
+
+def _edit_json(files, key, value):
+    """The graph with every `key` in its JSON set to `value`."""
+    name = next(n for n in files if n.endswith("models/model.json"))
+
+    def edit(node):
+        if isinstance(node, dict):
+            return {k: value if k == key else edit(v) for k, v in node.items()}
+        return [edit(v) for v in node] if isinstance(node, list) else node
+
+    files[name] = json.dumps(edit(json.loads(files[name]))).encode()
+    return files
+
+
+RAN = "/tmp/fastsgd-test-pack-ran"
+EVIL = f"__import__('pathlib').Path('{RAN}').touch()"
+
+
+@pytest.mark.parametrize("member,change,says", [
+    ("loss.pt2", lambda f: {**f, "archive/data/sample_inputs/model.pt": pickle.dumps(print)},
+     "pickled example inputs"),
+    ("loss.pt2", lambda f: {**f, "archive/data/weights/weight_0": pickle.dumps(print)},
+     "unexpected members ['data/weights/weight_0']"),
+    ("forward.pt2", lambda f: {**f, "archive/data/weights/model_weights_config.json":
+                               b'{"config": {"w": {"use_pickle": true}}}'},
+     "weights or constants saved apart"),
+    ("loss.pt2", lambda f: _edit_json(f, "expr_str", EVIL), "is not shape arithmetic"),
+    ("loss.pt2", lambda f: _edit_json(f, "guards_code", [EVIL]),
+     "is not a comparison of sizes"),
+    ("forward.pt2", lambda f: _edit_json(f, "target", "os.system"), "is not an ATen operator"),
+])
+def test_a_graph_made_to_attack_is_refused_unloaded(archive, tmp_path, member, change, says):
+    import os
+
+    if os.path.exists(RAN):
+        os.remove(RAN)
+    bad = _tamper(archive, tmp_path, member, change)
+    with pytest.raises(UserError, match="is not a graph fastsgd pack writes") as e:
+        PackedFactory(bad, versions())()
+    assert says in str(e.value)
+    assert not os.path.exists(RAN)
+
+
+def test_a_damaged_tensor_table_is_one_line(archive, tmp_path):
+    manifest = json.loads(zipfile.ZipFile(archive).read("manifest.json"))
+    manifest["tensors"]["parameters"][0]["bytes"] = 10 ** 9
+    bad = _rewrite(archive, tmp_path / "bad.fsj", manifest={"tensors": manifest["tensors"]})
+    with pytest.raises(UserError, match="tensor table does not match tensors.bin"):
         read_archive(bad, versions())
 
 
@@ -152,6 +205,51 @@ def test_the_archive_names_the_model_and_the_step(archive):
         Job(options={"model.name": "packed"})
 
 
-def test_the_cache_serves_one_load_per_process(archive):
-    PackedFactory(archive, versions())()
-    assert str(archive.resolve()) in packed._LOADED
+def test_an_archive_is_loaded_once_per_version_of_its_file(tmp_path):
+    path = tmp_path / "job.fsj"
+    Job(model="mlp", data="synthetic", options={"run.seed": 1}).pack(path)
+    first = PackedFactory(path, versions()).archive
+    assert PackedFactory(path, versions()).archive is first  # loaded once
+    Job(model="mlp", data="synthetic", options={"run.seed": 2}).pack(path)  # packed again
+    again = PackedFactory(path, versions()).archive
+    assert again is not first and again.config["run"]["seed"] == 2
+
+
+def test_frozen_parameters_stay_frozen(tmp_path):
+    def half_frozen():
+        model = build_model("mlp", (1, 8, 8), 10)
+        model[1].requires_grad_(False)  # the first layer
+        return model
+
+    Job(model=half_frozen, data="synthetic").pack(tmp_path / "job.fsj")
+    model = PackedFactory(tmp_path / "job.fsj", versions())()
+    assert [p.requires_grad for p in model.parameters()] == [False, False, True, True, True,
+                                                             True]
+
+
+def test_ddp_is_refused_for_a_packed_job(tmp_path, archive):
+    with pytest.raises(UserError, match="strategy.name = 'ddp' wraps the model"):
+        Job(model="mlp", data="synthetic", strategy="ddp").pack(tmp_path / "job.fsj")
+    config = json.loads(zipfile.ZipFile(archive).read("manifest.json"))["config"]
+    bad = _rewrite(archive, tmp_path / "bad.fsj", manifest={
+        "config": {**config, "strategy": {"name": "ddp"}}})
+    with pytest.raises(UserError, match="bad.fsj: strategy.name = 'ddp' wraps the model"):
+        Job(config=str(bad))
+
+
+@pytest.mark.parametrize("key,value", [("optimizer", {"name": "evil:Optimizer"}),
+                                       ("model", {"evaluate": "evil:evaluate"})])
+def test_an_archive_s_config_names_no_code(archive, tmp_path, key, value):
+    config = json.loads(zipfile.ZipFile(archive).read("manifest.json"))["config"]
+    bad = _rewrite(archive, tmp_path / "bad.fsj", manifest={
+        "config": {**config, key: {**config[key], **value}}})
+    with pytest.raises(UserError, match="is the user's Python code"):
+        Job(config=str(bad))
+
+
+def test_a_script_s_job_keeps_its_model(tmp_path, capsys):
+    from tests.pack.user_job import write_script
+
+    script = write_script(tmp_path)
+    assert main(["pack", str(script), "--set", "model.name=lenet"]) == 2
+    assert "--set model.name: the job in" in capsys.readouterr().err

@@ -81,6 +81,7 @@ def _captures(model, batch):
     (_numpy, ["model.step cannot be exported", ".numpy()", "in _numpy:"]),
     (_per_sample, ["must return the batch's loss as a floating-point scalar",
                    "float32 tensor of shape (batch)"]),
+    (lambda model, batch: model(batch[0]), ["float32 tensor of shape (batch, 10)"]),
     (_captures, ["neither the model's parameters or buffers nor the batch"]),
 ])
 def test_a_step_that_cannot_be_exported_says_why_and_where(step, says):

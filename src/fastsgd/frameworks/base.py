@@ -21,6 +21,10 @@ class Backend(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
+NO_DDP = ("strategy.name = 'ddp' wraps the model in torch's DDP, whose forward a packed or "
+          "JAX model does not run: use allreduce, the same algorithm")
+
+
 def model_loss_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """The step of a model that brings its own loss (a backend): `model.loss(x, y)`."""
     loss = getattr(model, "loss", None)

@@ -104,8 +104,8 @@ def _threads_like_torch() -> None:
     if torch.get_num_threads() != 1 or "xla_cpu_multi_thread_eigen" in os.environ.get(
             "XLA_FLAGS", ""):
         return
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
-                               "=false intra_op_parallelism_threads=1").strip()
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_cpu_multi_thread_eigen=false").strip()
 
 
 def _check_leaves(params: Params) -> None:
@@ -137,22 +137,30 @@ class JaxModule(nn.Module):
         _check_leaves(params)
         leaves, self.__dict__["treedef"] = jax.tree_util.tree_flatten_with_path(params)
         self.__dict__["model"] = model
-        for path, leaf in leaves:  # one copy, at the start: torch owns what it will update
-            register(self, _name(path), torch.from_dlpack(jnp.asarray(leaf)).clone(), True)
+        # JAX's leaf order, which parameters() need not follow ({"a": {"w"}, "b"} lists b
+        # first: a module's own parameters come before its submodules')
+        self.__dict__["leaf_names"] = [_name(path) for path, _ in leaves]
+        for name, (_, leaf) in zip(self.leaf_names, leaves):  # one copy, at the start
+            register(self, name, torch.from_dlpack(jnp.asarray(leaf)).clone(), True)
 
     def __deepcopy__(self, memo: dict) -> JaxModule:
         copy = JaxModule.__new__(JaxModule)
         nn.Module.__init__(copy)
-        copy.__dict__.update(model=self.model, treedef=self.treedef, training=self.training)
-        for name, p in self.named_parameters():
-            register(copy, name, p.detach().clone(), True)
+        copy.__dict__.update(model=self.model, treedef=self.treedef, training=self.training,
+                             leaf_names=self.leaf_names)
+        for name in self.leaf_names:
+            register(copy, name, self.get_parameter(name).detach().clone(), True)
         return copy
 
+    def leaves(self) -> list[nn.Parameter]:
+        """The parameters in the pytree's leaf order."""
+        return [self.get_parameter(name) for name in self.leaf_names]
+
     def _tree(self) -> Params:
-        return jax.tree_util.tree_unflatten(self.treedef, [_to_jax(p) for p in self.parameters()])
+        return jax.tree_util.tree_unflatten(self.treedef, [_to_jax(p) for p in self.leaves()])
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return _JaxLoss.apply(self, x, y, *self.parameters())
+        return _JaxLoss.apply(self, x, y, *self.leaves())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.from_dlpack(self.model.forward(self._tree(), _to_jax(x)))

@@ -17,12 +17,15 @@ import torch
 
 from fastsgd.data import Dataset
 from fastsgd.errors import UserError
+from fastsgd.frameworks.base import NO_DDP
 from fastsgd.objects import is_import_path
 from fastsgd.pack.archive import Archive, read_archive, write_archive
 from fastsgd.pack.export import StepFn, export_programs
 from fastsgd.pack.packed import PackedFactory, PackedModel, signature
+from fastsgd.pack.validate import check_program
 
-__all__ = ["Archive", "PackedFactory", "PackedModel", "pack", "read_archive", "versions"]
+__all__ = ["Archive", "PackedFactory", "PackedModel", "check_config", "pack", "read_archive",
+           "versions"]
 
 PACKED = "packed"  # model.name and model.step of a packed job
 BUILTIN_NAMES = {"optimizer.name": ("sgd", "adam"), "model.evaluate": ("accuracy",)}
@@ -46,6 +49,10 @@ def pack(config: dict[str, Any], make_model: Callable[[], torch.nn.Module], step
     n = min(config["data"]["batch_size"], len(dataset.train_y))
     x, y = dataset.train_x[:n], dataset.train_y[:n]
     loss, forward = export_programs(model, step, x, y)
+    for key, program in (("model.step", loss), ("model.name", forward)):
+        why = check_program(program)  # what the loader would refuse, refused here
+        if why:
+            raise UserError(f"{key}: its graph holds what fastsgd's loader refuses: {why}")
     with torch.no_grad():
         was_training = model.training
         output = model.eval()(x[:1])
@@ -61,6 +68,19 @@ def pack(config: dict[str, Any], make_model: Callable[[], torch.nn.Module], step
 
 def packed_config(config: dict[str, Any]) -> dict[str, Any]:
     """The config an archive carries: nothing that names the user's code, no run folder."""
+    check_config(config)
+    out = copy.deepcopy(config)
+    out["model"] = {**out["model"], "name": PACKED, "step": PACKED, "evaluate": "accuracy",
+                    "packed": ""}
+    out["run"]["out"] = ""
+    return out
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Refuse what a packed job cannot run: the user's own code named in the config (also
+    on reading an archive, whose config may have been written by anyone), and DDP."""
+    if config["strategy"]["name"] == "ddp":
+        raise UserError(NO_DDP)
     for key, allowed in BUILTIN_NAMES.items():
         section, name = key.split(".")
         value = config[section][name]
@@ -74,11 +94,6 @@ def packed_config(config: dict[str, Any]) -> dict[str, Any]:
         if is_import_path(value) and not _torch_path(value):
             raise UserError(f"{key} = '{value}' is the user's Python code, which a job "
                             "archive does not carry; use a built-in one (fastsgd keys)")
-    out = copy.deepcopy(config)
-    out["model"] = {**out["model"], "name": PACKED, "step": PACKED, "evaluate": "accuracy",
-                    "packed": ""}
-    out["run"]["out"] = ""
-    return out
 
 
 def _torch_path(value: str) -> bool:

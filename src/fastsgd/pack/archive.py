@@ -8,14 +8,13 @@
     tensors.bin     initial parameters, buffers and the RNG state after initialization,
                     raw little-endian bytes in manifest order
 
-Loading never unpickles: tensors are raw bytes, the graphs are JSON, and an inner member
-that torch.export would unpickle (example inputs, weights, constants) must be empty.
+Loading never unpickles and evaluates nothing: tensors are raw bytes, and each graph is
+checked (validate.py) before torch.export reads it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import sys
 import zipfile
@@ -26,10 +25,10 @@ from typing import Any
 import torch
 
 from fastsgd.errors import UserError
+from fastsgd.pack.validate import check_program
 
 FORMAT, FORMAT_VERSION = "fastsgd-job", 1
 PROGRAMS = ("loss.pt2", "forward.pt2")
-PICKLED_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin")
 
 
 @dataclass
@@ -60,6 +59,7 @@ def write_archive(path: Path, config: dict[str, Any], signature: dict[str, Any],
         for name, tensor in named:
             data = tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
             entries[group].append({"name": name, "shape": list(tensor.shape),
+                                   "requires_grad": bool(tensor.requires_grad),
                                    "dtype": str(tensor.dtype).removeprefix("torch."),
                                    "offset": len(blob), "bytes": len(data)})
             blob += data
@@ -99,16 +99,24 @@ def read_archive(path: str | Path, versions: dict[str, str]) -> Archive:
             manifest = json.loads(text)
             _check_versions(path, manifest, versions)
             members = {name: z.read(name) for name in manifest["members"]}
-    except (zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as e:
-        raise UserError(f"{path} is truncated or damaged ({e}); pack it again or copy it "
-                        "whole") from None
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - zipfile, zlib and json raise many kinds
+        raise UserError(f"{path} is truncated or damaged ({type(e).__name__}: {e}); pack it "
+                        "again or copy it whole") from None
     for name, data in members.items():
         if _sha256(data) != manifest["members"][name]:
             raise UserError(f"{path}: checksum mismatch in {name} (the file is damaged or was "
                             "changed after fastsgd pack)")
     for name in PROGRAMS:
-        _check_no_pickle(path, name, members[name])
-    tensors = _tensors(members["tensors.bin"], manifest["tensors"])
+        why = check_program(members.get(name, b""))
+        if why:
+            raise UserError(f"{path}: {name} is not a graph fastsgd pack writes: {why}; "
+                            "refused unloaded")
+    try:
+        tensors = _tensors(members["tensors.bin"], manifest["tensors"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise UserError(f"{path}: its tensor table does not match tensors.bin ({e})") from None
     return Archive(path, manifest, {n: members[n] for n in PROGRAMS}, tensors)
 
 
@@ -132,27 +140,16 @@ def _major_minor(version: str) -> tuple[str, ...]:
     return tuple(version.split("+")[0].split(".")[:2])
 
 
-def _check_no_pickle(path: Path, name: str, data: bytes) -> None:
-    """What torch.export.load would unpickle must be empty: our graphs have no weights,
-    constants or example inputs, so anything there was not written by fastsgd pack."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as inner:
-            for info in inner.infolist():
-                if info.filename.endswith(PICKLED_SUFFIXES) and info.file_size:
-                    raise UserError(f"{path}: {name} holds pickled data ({info.filename}); "
-                                    "fastsgd loads no pickles")
-    except zipfile.BadZipFile as e:
-        raise UserError(f"{path}: {name} is damaged ({e})") from None
-
-
 def _tensors(blob: bytes, entries: dict[str, list[dict]]) -> dict[str, torch.Tensor]:
     out = {}
     for group, items in entries.items():
         for item in items:
-            raw = bytearray(blob[item["offset"]:item["offset"] + item["bytes"]])
-            dtype = getattr(torch, item["dtype"], None)
-            if not isinstance(dtype, torch.dtype):
-                raise UserError(f"tensor {item['name']} has an unknown dtype {item['dtype']!r}")
+            start, size = int(item["offset"]), int(item["bytes"])
+            raw = bytearray(blob[start:start + size])
+            dtype = getattr(torch, str(item["dtype"]), None)
+            if not isinstance(dtype, torch.dtype) or len(raw) != size or start < 0:
+                raise ValueError(f"tensor {item['name']}: dtype {item['dtype']!r}, bytes "
+                                 f"{start}..{start + size} of {len(blob)}")
             flat = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else \
                 torch.empty(0, dtype=dtype)
             out[f"{group}/{item['name']}"] = flat.reshape(item["shape"])

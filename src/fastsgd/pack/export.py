@@ -95,7 +95,7 @@ def export_programs(model: nn.Module, step: StepFn, x: torch.Tensor,
 def _export(module: nn.Module, args: tuple, dynamic: tuple,
             key: str) -> torch.export.ExportedProgram:
     try:
-        with _quiet():
+        with quiet():
             program = torch.export.export(module, args, dynamic_shapes=dynamic, strict=False)
     except Exception as e:  # noqa: BLE001 - whatever export raises is the user's code's
         raise UserError(f"{key} cannot be exported to a graph (fastsgd pack): "
@@ -110,7 +110,7 @@ def _export(module: nn.Module, args: tuple, dynamic: tuple,
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """Export's own warnings and its dump of a partial graph would bury the one line that
     says what failed, and where (logging is process-wide: pack is a command of its own)."""
     logging.disable(logging.WARNING)
@@ -127,7 +127,7 @@ def _check_scalar(program: torch.export.ExportedProgram) -> None:
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor) or value.dim() != 0 or not value.is_floating_point():
         what = (f"a {str(value.dtype).removeprefix('torch.')} tensor of shape "
-                f"({', '.join(d if isinstance(d, int) else 'batch' for d in value.shape)})"
+                f"({', '.join(str(d) if isinstance(d, int) else 'batch' for d in value.shape)})"
                 if isinstance(value, torch.Tensor) else type(value).__name__)
         raise UserError(f"model.step must return the batch's loss as a floating-point scalar "
                         f"tensor; it returned {what}")

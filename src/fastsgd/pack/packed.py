@@ -13,8 +13,9 @@ from fastsgd.data import Dataset
 from fastsgd.errors import UserError
 from fastsgd.frameworks.base import register
 from fastsgd.pack.archive import Archive, read_archive
+from fastsgd.pack.export import quiet
 
-_LOADED: dict[str, tuple[Archive, Programs]] = {}  # per process: every replica shares them
+_LOADED: dict[tuple, tuple[Archive, Programs]] = {}  # per process: every replica shares them
 
 
 class Programs:
@@ -30,7 +31,8 @@ class Programs:
 
 def _load(archive: Archive, name: str) -> nn.Module:
     try:
-        return torch.export.load(io.BytesIO(archive.programs[name])).module()
+        with quiet():  # its own logged traceback would bury the line below
+            return torch.export.load(io.BytesIO(archive.programs[name])).module()
     except Exception as e:  # noqa: BLE001 - a graph this torch cannot read: say which
         raise UserError(f"{archive.path}: cannot load {name} ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
@@ -42,11 +44,13 @@ class PackedModel(nn.Module):
     forward the archive holds (evaluation); `loss(x, y)` is the step, in training mode."""
 
     def __init__(self, programs: Programs, params: list[tuple[str, torch.Tensor]],
-                 buffers: list[tuple[str, torch.Tensor]]) -> None:
+                 buffers: list[tuple[str, torch.Tensor]], frozen: set[str] = frozenset()
+                 ) -> None:
         super().__init__()
         self.__dict__["programs"] = programs
         for name, tensor in params:
             register(self, name, tensor.clone(), parameter=True)
+            self.get_parameter(name).requires_grad_(name not in frozen)  # as in the source
         for name, tensor in buffers:
             register(self, name, tensor.clone(), parameter=False)
         order = [n for n, _ in self.named_parameters()] + [n for n, _ in self.named_buffers()]
@@ -83,10 +87,12 @@ class PackedFactory:
 
     def __call__(self) -> PackedModel:
         archive, programs = _cached(self.path, self.versions)
+        entries = archive.manifest["tensors"]
         groups = {g: [(e["name"], archive.tensors[f"{g}/{e['name']}"])
-                      for e in archive.manifest["tensors"].get(g, [])]
-                  for g in ("parameters", "buffers")}
-        model = PackedModel(programs, groups["parameters"], groups["buffers"])
+                      for e in entries.get(g, [])] for g in ("parameters", "buffers")}
+        frozen = {e["name"] for e in entries.get("parameters", [])
+                  if not e.get("requires_grad", True)}
+        model = PackedModel(programs, groups["parameters"], groups["buffers"], frozen)
         if torch.initial_seed() == archive.config["run"]["seed"]:
             torch.set_rng_state(archive.tensors["rng/cpu"])
         return model
@@ -97,10 +103,13 @@ class PackedFactory:
 
 
 def _cached(path: str, versions: dict[str, str]) -> tuple[Archive, Programs]:
-    if path not in _LOADED:
+    """Loaded once per process and file version (an archive packed again is read again)."""
+    stat = Path(path).stat() if Path(path).is_file() else None
+    key = (path, stat.st_size, stat.st_mtime_ns) if stat else (path, 0, 0)
+    if key not in _LOADED:
         archive = read_archive(path, versions)
-        _LOADED[path] = archive, Programs(archive)
-    return _LOADED[path]
+        _LOADED[key] = archive, Programs(archive)
+    return _LOADED[key]
 
 
 def _check_data(archive: Archive, dataset: Dataset) -> None:

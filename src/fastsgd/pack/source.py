@@ -34,6 +34,10 @@ def job_from_script(script: str | Path, name: str | None,
     else:
         raise UserError(f"{script} defines {len(jobs)} jobs ({', '.join(jobs)}): pick one "
                         f"with {script}:NAME")
+    held = [key for key in overrides if key.startswith("model.")]
+    if held:
+        raise UserError(f"--set {held[0]}: the job in {script} holds its model and step; "
+                        "change them there, or pack a TOML config")
     if overrides:
         job.config = cfg.validate(cfg.merged(job.config, **_sections(overrides)))
     return job
