@@ -73,3 +73,10 @@ def interrupt_once_training(cmd: list[str], out: Path) -> subprocess.CompletedPr
     _, err = proc.communicate(timeout=60)
     assert time.monotonic() - began < 5
     return subprocess.CompletedProcess(cmd, proc.returncode, "", err)
+
+
+def pytest_collection_modifyitems(items):
+    """JAX's tests run last: once JAX's runtime has started in this process, every later
+    fork of it (the tests' worker processes) forks JAX's idle thread pools along. The
+    children never call JAX, so it is harmless, but JAX warns at each fork."""
+    items.sort(key=lambda item: "tests/frameworks/" in item.nodeid.replace("\\", "/"))

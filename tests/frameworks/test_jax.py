@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -124,7 +125,7 @@ def _vector_loss(params, batch):
     ("good", _vector_loss, "the JAX loss must return the batch's loss as a floating-point "
                            "scalar; it returned shape (32,)"),
     ([{"w": "weights"}], None, "parameter '0.w' is str"),
-    ({"w": jnp.zeros((2, 2), jnp.int32)}, None, "parameter 'w' is an array of int32"),
+    ({"w": np.zeros((2, 2), np.int32)}, None, "parameter 'w' is an array of int32"),
     ([], None, "parameters are empty"),
 ])
 def test_bad_jax_input_is_one_line(params, loss, says, tmp_path, monkeypatch, capsys):
