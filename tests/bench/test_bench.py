@@ -8,6 +8,7 @@ import pytest
 from fastsgd.bench import cells, load_spec
 from fastsgd.cli import main
 from fastsgd.report.table import mlperf_score
+from tests.conftest import orphans
 
 SPEC = """
 [bench]
@@ -136,5 +137,10 @@ def test_ctrl_c_stops_the_bench_and_the_same_command_goes_on(tmp_path):
     assert err.strip().splitlines()[-1] == ("fastsgd: bench interrupted: 0 of 3 cells done; "
                                             "the same command goes on with the others")
     assert len(list(out.glob("cells/*.toml"))) == 1  # the queued cells never started
+    for _ in range(50):  # nothing of the interrupted cell is left running (killed: gone soon)
+        if not orphans(str(out)):
+            break
+        time.sleep(0.1)
+    assert not orphans(str(out))
     assert subprocess.run(command, capture_output=True, timeout=300).returncode == 0
     assert len(list(out.glob("cells/*/summary.json"))) == 3

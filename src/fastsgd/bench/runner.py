@@ -7,6 +7,7 @@ others go on."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -118,8 +119,17 @@ def _stop_cells(within: float = 10.0) -> None:
         try:
             proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _kill_group(proc)
             proc.wait()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill a cell's whole process group: its launcher and the workers it forked, which a
+    kill of the launcher alone would leave behind, waiting on each other for good."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        pass
 
 
 def cell_dir(root: Path, cell: Cell) -> Path:
@@ -155,8 +165,10 @@ def run_cell(root: Path, cell: Cell, ray: Any = None) -> str | None:
 
 def _process(mode: str, spec: Path, folder: Path) -> tuple[int, str]:
     """`fastsgd MODE SPEC` writing into `folder`: (exit code, output)."""
+    # a session of its own: a terminal's Ctrl-C reaches the bench alone, which interrupts
+    # each cell (_stop_cells), and the cell's processes can be killed as one group
     proc = subprocess.Popen(command(mode, spec, folder), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     with _lock:
         _running.add(proc)
     try:
@@ -164,4 +176,5 @@ def _process(mode: str, spec: Path, folder: Path) -> tuple[int, str]:
     finally:
         with _lock:
             _running.discard(proc)
+        _kill_group(proc)  # whatever of the cell outlived its launcher
     return proc.returncode, output
