@@ -32,17 +32,13 @@ from fastsgd.models import build_model
 from fastsgd.objects import is_import_path, resolve
 from fastsgd.observe import EvalLog, Observer
 from fastsgd.pack import PACKED, PackedFactory
+from fastsgd.processes import backend_of, expendable, rejoin_steps, train_process
 from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out
-from fastsgd.strategies import STRATEGIES, Strategy, build_strategy
+from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
-from fastsgd.strategies.membership import (
-    carries_on_for_real,
-    first_expendable,
-    shrinks_for_real,
-)
 from fastsgd.supervise import supervise
-from fastsgd.transport.rendezvous import peer_gone, pick_backend
+from fastsgd.transport.rendezvous import peer_gone
 from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
 from fastsgd.transport.sim.compute import compute_model
 from fastsgd.transport.torch_dist import TorchTransport
@@ -168,9 +164,9 @@ class Job:
         config = self._with_workers(workers)
         plan = self.plan(config)
         failures = supervise(plan, lambda attempt: launch(
-            lambda: _train_process(plan), config["run"]["workers"], restart=attempt,
-            expendable=_expendable(plan),
-            survivors_stop=config["run"]["on_failure"] == "stop", rejoin=_rejoin(plan)))
+            lambda: train_process(plan), config["run"]["workers"], restart=attempt,
+            expendable=expendable(plan),
+            survivors_stop=config["run"]["on_failure"] == "stop", rejoin=rejoin_steps(plan)))
         return _result(plan.run_dir, failures)
 
     def simulate(self, workers: int | None = None, network: Network | None = None,
@@ -209,7 +205,7 @@ class Job:
     def _run_here(self) -> Result:
         """One worker of a torchrun job; Ctrl-C as interrupt.py's StoreStop says."""
         run = self.config["run"]
-        transport = TorchTransport(_backend(self.config), run["timeout"])
+        transport = TorchTransport(backend_of(self.config), run["timeout"])
         stop = interrupt.StoreStop(transport.store(), transport.rank, transport.world_size)
         interrupt.share(stop)
         try:
@@ -346,70 +342,6 @@ def _check_compute(section: dict, workers: int, seed: int) -> None:
         load_trace(section["trace"]).check(workers)
     if not needs_profile(section):
         compute_model(section, seed)
-
-
-def _backend(config: dict[str, Any]) -> str:
-    """run.backend, where `auto` keeps a strategy that shares host memory (Hogwild) on gloo
-    even where every worker has a GPU."""
-    name, backend = config["strategy"]["name"], config["run"]["backend"]
-    shares = name in STRATEGIES and getattr(STRATEGIES.get(name), "HOST_MEMORY", False)
-    return "gloo" if backend == "auto" and shares else backend
-
-
-def _survives(plan: Plan) -> str | None:
-    """How `fastsgd run`'s own workers go on without a dead one: "carry_on" (the strategy
-    waits for no collective while training), "shrink" (run.on_failure, a synchronous
-    strategy that can, on gloo: transport/shrink.py; with run.on_failure = "stop" the
-    survivors write a checkpoint and stop), or None: every worker restarts from the last
-    checkpoint, or stops. Strategies that carry on do not with checkpoints: a checkpoint of
-    their survivors is not built yet."""
-    run = plan.config["run"]
-    if (run["on_failure"] != "restart" and shrinks_for_real(plan.strategy, plan.compressor)
-            and pick_backend(_backend(plan.config), local=run["workers"]) == "gloo"):
-        return "shrink"  # then, with "stop", the survivors write a checkpoint and stop
-    if run["checkpoint_every"] or run["on_failure"] == "stop":
-        return None
-    if carries_on_for_real(plan.strategy, plan.compressor):
-        return "carry_on"
-    return None
-
-
-def _expendable(plan: Plan) -> int | None:
-    """The lowest rank whose death the others survive; None: no rank's."""
-    mode = _survives(plan)
-    return None if mode is None else 0 if mode == "shrink" else first_expendable(plan.strategy)
-
-
-def _rejoin(plan: Plan) -> int | None:
-    """run.rejoin: the run's steps, for the launcher to start a new worker in place of a
-    lost one (the strategy must carry on without it and take it back: REJOINS); None: no."""
-    if not plan.config["run"]["rejoin"]:
-        return None
-    name = plan.config["strategy"]["name"]
-    if _survives(plan) != "carry_on" or plan.compressor.kind not in getattr(
-            plan.strategy, "REJOINS", ()):
-        raise UserError(f"run.rejoin = true needs a strategy that carries on without a lost "
-                        f"worker and takes a new one in its place: sgp, dpsgd or ps, with an "
-                        f"exact codec "
-                        f"and run.checkpoint_every = 0 (strategy '{name}', codec "
-                        f"'{plan.compressor.name}')")
-    return plan.total_steps(plan.config["run"]["workers"])
-
-
-def _train_process(plan: Plan) -> None:
-    run = plan.config["run"]
-    transport = TorchTransport(_backend(plan.config), run["timeout"])
-    try:
-        mode = _survives(plan)
-        if mode == "carry_on":
-            transport.carry_on()
-        elif mode == "shrink":
-            transport.shrinkable()
-        if interrupt.joining() is not None:  # the others are ready once started up (worker.py)
-            interrupt.set_ready(transport.rank)
-        train(plan, transport)
-    finally:
-        transport.close()
 
 
 def _result(run_dir: Path, failures: list[dict[str, Any]] | None = None) -> Result:

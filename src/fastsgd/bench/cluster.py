@@ -14,7 +14,6 @@ import io
 import shutil
 import socket
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
