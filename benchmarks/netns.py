@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -129,8 +130,18 @@ class EmulatedHosts:
             raise RuntimeError(f"tc tbf on {dev}: {proc.stderr.strip()}")
 
     def close(self) -> None:
-        """Delete every namespace made (their veths, bridge and qdiscs go with them)."""
+        """Kill every process still in a namespace made, then delete the namespaces (their
+        veths, bridge and qdiscs go with them). torchrun starts its workers in sessions of
+        their own, so killing the torchrun a host runs leaves them behind: without this they
+        outlived an interrupted run, waiting for peers that were gone."""
         for name in reversed(self.made):
+            listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True,
+                                    text=True, timeout=30).stdout.split()
+            for pid in listed:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
         self.made = []
 

@@ -16,6 +16,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.conftest import orphans
+
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 SCRIPT = BENCHMARKS / "sim_fidelity.py"
 
@@ -66,7 +68,7 @@ def test_two_hosts_allreduce_real_and_simulated(tmp_path: Path) -> None:
 @needs_namespaces
 def test_interrupted_run_removes_its_namespaces(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--workers", "2", "--strategies",
-                             "allreduce", "--steps", "200"],
+                             "allreduce", "--steps", "200", "--runs", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     prefix = f"fsgd{proc.pid}"
     deadline = time.monotonic() + 60
@@ -77,6 +79,12 @@ def test_interrupted_run_removes_its_namespaces(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert netns.leftovers(prefix) == []
+    # torchrun's workers too: they run in sessions of their own, and outlived the run
+    for _ in range(50):
+        if not orphans(str(tmp_path)):
+            break
+        time.sleep(0.1)
+    assert not orphans(str(tmp_path))
 
 
 def test_refuses_without_ip_in_one_line(tmp_path: Path) -> None:
