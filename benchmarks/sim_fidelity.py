@@ -7,7 +7,7 @@
 The simulator's claims (who waits for whom, how long a message takes) are only worth what
 its timing is worth, and that can be checked only against real links. Each emulated host is
 a network namespace on this machine, on a bridge, its link limited to `--bandwidth` each way
-by `tc tbf` (benchmarks/netns.py); torchrun starts one node per namespace (gloo over the
+by `tc tbf` (fastsgd/bench/netns.py); torchrun starts one node per namespace (gloo over the
 namespace's veth). The simulator then runs the same job (same workers, steps, seed) with
 `network.bandwidth` the same and `network.latency` half the round trip measured between two
 namespaces. Time per step is the same statistic on both, from metrics.jsonl: per worker,
@@ -33,12 +33,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-from netns import EmulatedHosts, Refused, check_can_emulate  # noqa: E402
+from fastsgd.bench.hosts import run_nodes
+from fastsgd.bench.netns import EmulatedHosts, Refused, check_can_emulate, exit_on_signals
 
 GOAL = 0.15
 STRATEGIES = ("allreduce", "dpsgd", "sgp", "ps")
-PORT = 29500  # each namespace has its own ports: always free
 
 
 def strategy_options(name: str, workers: int) -> list[str]:
@@ -103,24 +102,10 @@ class Children:
         self.procs = []
 
 
-def run_real(args: argparse.Namespace, hosts: EmulatedHosts, children: Children,
-             options: list[str], folder: Path) -> None:
+def run_real(args: argparse.Namespace, hosts: EmulatedHosts, options: list[str],
+             folder: Path) -> None:
     """One torchrun node per namespace; raises RuntimeError with the log's tail on failure."""
-    n = hosts.n
-    procs = []
-    for i in range(n):
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": hosts.ifname(i), "OMP_NUM_THREADS": "1"}
-        cmd = [*hosts.exec_prefix(i), sys.executable, "-m", "torch.distributed.run",
-               f"--nnodes={n}", "--nproc-per-node=1", f"--node-rank={i}",
-               f"--master-addr={hosts.address(0)}", f"--master-port={PORT}",
-               "-m", "fastsgd", "run", "--quiet", *options]
-        procs.append(children.start(cmd, folder / f"node{i}.log", env))
-    try:
-        codes = [proc.wait(timeout=args.timeout) for proc in procs]
-    except subprocess.TimeoutExpired:
-        codes = [-1]
-    finally:
-        children.end_all()
+    codes = run_nodes(hosts, 1, options, folder, args.timeout)
     if any(codes):
         tail = (folder / "node0.log").read_text()[-1500:]
         raise RuntimeError(f"real run failed (exit codes {codes}):\n{tail}")
@@ -154,7 +139,7 @@ def measure(args: argparse.Namespace, hosts: EmulatedHosts, children: Children, 
         options = job_options(args, name, n, folder / "run")
         try:
             if mode == "real":
-                run_real(args, hosts, children, options, folder)
+                run_real(args, hosts, options, folder)
             else:
                 run_simulated(args, options, network, children, folder)
             stats = step_stats(folder / "run" / "metrics.jsonl", args.warmup)
@@ -231,17 +216,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _interrupted(signum: int, frame: object) -> None:
-    for sig in SIGNALS:  # a second signal must not cut the cleanup short
-        signal.signal(sig, signal.SIG_IGN)
-    print(f"sim_fidelity: interrupted ({signal.Signals(signum).name}), cleaning up",
-          file=sys.stderr)
-    raise SystemExit(128 + signum)  # unwinds through the finally blocks: cleanup runs
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     children = Children()
@@ -250,8 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as e:
         print(f"sim_fidelity: {e}", file=sys.stderr)
         return 2
-    for sig in SIGNALS:
-        signal.signal(sig, _interrupted)
+    exit_on_signals("sim_fidelity")
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(args.runs or tmp)
         try:

@@ -69,7 +69,7 @@ def test_mlperf_drops_the_fastest_and_the_slowest():
     ('network = ["1Gbit"]\n', "axes.network: a section's values are tables"),
     ('"run.workers" = []\n', "axes.run.workers: give a non-empty list"),
     ('"run.workers" = [0]\n', "the cell strategy.name=allreduce run.seed=1 run.workers=0: "),
-    ('"mode" = ["simulated"]\n', "axes.mode: 'simulated' is not 'simulate' or 'run'"),
+    ('"mode" = ["simulated"]\n', "axes.mode: 'simulated' is not 'simulate', 'run' or 'hosts'"),
 ])
 def test_a_bad_axis_is_one_line(tmp_path, capsys, extra, says):
     assert main(["bench", str(_spec(tmp_path, SPEC + extra))]) == 2

@@ -16,6 +16,7 @@ from types import ModuleType
 
 import pytest
 
+from fastsgd.bench import netns
 from tests.conftest import orphans
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
@@ -23,15 +24,11 @@ SCRIPT = BENCHMARKS / "sim_fidelity.py"
 
 
 def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-netns = _load("netns")
 
 
 def _why_not() -> str | None:

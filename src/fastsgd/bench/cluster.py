@@ -72,7 +72,7 @@ def _run_remotely(mode: str, config_toml: str) -> tuple[int, str, bytes]:
 def run_cell_on_ray(ray: Any, folder: Path, cell: Cell) -> tuple[int, str]:
     """Run `cell` as a Ray task and unpack its run directory into `folder`."""
     # a real cell's workers are processes of their own: it reserves a CPU for each
-    cpus = cell.config["run"]["workers"] if cell.mode == "run" else 1
+    cpus = cell.config["run"]["workers"] if cell.mode != "simulate" else 1
     task = ray.remote(max_retries=RETRIES, num_cpus=cpus)(_run_remotely)
     code, output, archive = ray.get(task.remote(cell.mode, cfg.to_toml(cell.config)))
     shutil.rmtree(folder, ignore_errors=True)

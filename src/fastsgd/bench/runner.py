@@ -19,6 +19,7 @@ from typing import Any
 
 from fastsgd import config as cfg
 from fastsgd.bench.cluster import connect, run_cell_on_ray
+from fastsgd.bench.netns import Refused, check_can_emulate
 from fastsgd.bench.spec import Cell, cells, command, load_spec
 from fastsgd.errors import Interrupted, UserError
 from fastsgd.metrics import write_json
@@ -47,6 +48,11 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
     at `ray_address` (as many at a time as it schedules); returns how many failed."""
     root, matrix = plan(spec, out, max_cells, yes)
     ray = connect(ray_address) if ray_address else None
+    if ray is None and any(c.mode == "hosts" and not done(root, c) for c in matrix):
+        try:  # before any cell runs: this machine must be able to make namespaces
+            check_can_emulate(f"fsgd{os.getpid()}")
+        except Refused as e:
+            raise UserError(f"{spec}: mode 'hosts' cells cannot run here: {e}") from None
     (root / "cells").mkdir(parents=True, exist_ok=True)
     labels = root / "cells" / LABELS  # what each hashed folder is, for the report
     known = json.loads(labels.read_text()) if labels.is_file() else {}
@@ -78,7 +84,7 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
 def timed(cell: Cell) -> bool:
     """A cell whose results depend on this machine's speed: real processes, or a simulation
     that measures compute (profile, measured). Here, they run alone."""
-    return cell.mode == "run" or cell.config["compute"]["model"] != "fixed"
+    return cell.mode != "simulate" or cell.config["compute"]["model"] != "fixed"
 
 
 def _run_all(root: Path, todo: list[Cell], jobs: int, ray: Any, quiet: bool) -> list[Cell]:

@@ -1,7 +1,8 @@
 """A bench spec: a base configuration and axes; each cell of their product is one run.
 
     [bench]
-    mode = "simulate"                  # or "run": real processes; an axis may vary it
+    mode = "simulate"                  # or "run": real processes, or "hosts": real processes
+                                       # on emulated links (bench/hosts.py); an axis may vary it
     [base]                             # any run configuration, as in a config file
     model.name = "mlp"
     run.steps = 300
@@ -34,7 +35,7 @@ from typing import Any
 from fastsgd import config as cfg
 from fastsgd.errors import ConfigError
 
-MODES = ("simulate", "run")
+MODES = ("simulate", "run", "hosts")
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ class Cell:
 
 def command(mode: str, spec: Path, out: Path) -> list[str]:
     """The process that runs a cell: `fastsgd MODE SPEC` writing its run directory to `out`
-    (here, or on a Ray worker)."""
+    (here, or on a Ray worker); for emulated hosts, bench/hosts.py's launcher."""
+    if mode == "hosts":
+        return [sys.executable, "-m", "fastsgd.bench.hosts", str(spec), "--out", str(out)]
     return [sys.executable, "-m", "fastsgd", mode, str(spec), "--quiet", "--overwrite",
             "--set", f"run.out={out}"]
 
@@ -74,7 +77,7 @@ def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any
             raise ConfigError(f"{path}: [{section}] must be a table of key = value")
     mode = spec.get("bench", {}).get("mode", "simulate")
     if mode not in MODES:
-        raise ConfigError(f"bench.mode = {mode!r}: use 'simulate' or 'run'")
+        raise ConfigError(f"bench.mode = {mode!r}: use 'simulate', 'run' or 'hosts'")
     axes = spec.get("axes", {})
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
@@ -108,6 +111,9 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
             raw.setdefault(section, {}).update(table)
         try:
             config = cfg.validate(raw)
+            if cell_mode == "hosts":  # imported here: `python -m fastsgd.bench.hosts` runs it
+                from fastsgd.bench.hosts import check_config
+                check_config(config)
         except ConfigError as e:
             raise ConfigError(f"the cell {_describe(keys, values)}: {e}") from None
         cell = Cell(cell_mode, config, tuple(zip(keys, values)))
@@ -118,7 +124,7 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
 
 def _mode(value: Any) -> str:
     if value not in MODES:
-        raise ConfigError(f"axes.mode: {value!r} is not 'simulate' or 'run'")
+        raise ConfigError(f"axes.mode: {value!r} is not 'simulate', 'run' or 'hosts'")
     return value
 
 

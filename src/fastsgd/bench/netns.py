@@ -10,6 +10,8 @@ every veth, bridge and qdisc with them, and the root namespace is never touched.
 
     with EmulatedHosts(2, "20mbit") as hosts:
         subprocess.run(hosts.exec_prefix(0) + ["ip", "addr"])
+
+Used by a bench's `mode = "hosts"` cells (bench/hosts.py) and benchmarks/sim_fidelity.py.
 """
 
 from __future__ import annotations
@@ -22,6 +24,24 @@ import subprocess
 import sys
 
 SUBNET = "10.239.0"  # inside the namespaces only: never routed in the root namespace
+
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exit_on_signals(who: str) -> None:
+    """Make SIGINT, SIGTERM and SIGHUP exit through the `finally` blocks and `with`
+    statements in progress, so that EmulatedHosts.close runs; a second signal is ignored,
+    so it cannot cut that cleanup short."""
+    def interrupted(signum: int, frame: object) -> None:
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        print(f"{who}: interrupted ({signal.Signals(signum).name}), cleaning up",
+              file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    for sig in SIGNALS:
+        signal.signal(sig, interrupted)
 
 
 class Refused(Exception):
@@ -61,13 +81,16 @@ def leftovers(prefix: str) -> list[str]:
 
 
 class EmulatedHosts:
-    """`n` hosts 10.239.0.1..n on one bridge; every link `rate` (tc syntax, e.g. 20mbit)
-    each way, token bucket `burst` bytes, queue `limit` bytes (large: no drops), `mtu`;
-    `sysctls` ("net.ipv4.tcp_slow_start_after_idle=0", ...) set in every host."""
+    """`n` hosts 10.239.0.1..n on one bridge; every link `rate` (tc syntax, e.g. 20mbit;
+    or a list, one per host) each way, token bucket `burst` bytes, queue `limit` bytes
+    (large: no drops), `mtu`; `sysctls` ("net.ipv4.tcp_slow_start_after_idle=0", ...) set
+    in every host."""
 
-    def __init__(self, n: int, rate: str, burst: str = "16kb", limit: str = "8mb",
-                 mtu: int = 1500, prefix: str | None = None, sysctls: tuple[str, ...] = ()):
-        self.n, self.rate, self.burst, self.limit, self.mtu = n, rate, burst, limit, mtu
+    def __init__(self, n: int, rate: str | list[str], burst: str = "16kb",
+                 limit: str = "8mb", mtu: int = 1500, prefix: str | None = None,
+                 sysctls: tuple[str, ...] = ()):
+        self.n, self.burst, self.limit, self.mtu = n, burst, limit, mtu
+        self.rates = [rate] * n if isinstance(rate, str) else list(rate)
         self.sysctls = sysctls
         self.prefix = prefix or f"fsgd{os.getpid()}"
         self.made: list[str] = []  # namespaces, in creation order
@@ -112,8 +135,8 @@ class EmulatedHosts:
             _ip("-n", host, "addr", "add", f"{self.address(i)}/24", "dev", inside)
             _ip("-n", host, "link", "set", inside, "up")
             _ip("-n", host, "link", "set", "lo", "up")
-            self._shape(host, inside)  # uplink: what the host sends
-            self._shape(sw, outside)  # downlink: what the bridge hands the host
+            self._shape(host, inside, self.rates[i])  # uplink: what the host sends
+            self._shape(sw, outside, self.rates[i])  # downlink: what the bridge hands it
             for setting in self.sysctls:
                 subprocess.run([*self.exec_prefix(i), "sysctl", "-q", "-w", setting],
                                check=True, capture_output=True, timeout=30)
@@ -122,9 +145,9 @@ class EmulatedHosts:
         _ip("netns", "add", name)
         self.made.append(name)
 
-    def _shape(self, ns: str, dev: str) -> None:
+    def _shape(self, ns: str, dev: str, rate: str) -> None:
         proc = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev,
-                               "root", "tbf", "rate", self.rate, "burst", self.burst,
+                               "root", "tbf", "rate", rate, "burst", self.burst,
                                "limit", self.limit], capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:
             raise RuntimeError(f"tc tbf on {dev}: {proc.stderr.strip()}")
