@@ -3,6 +3,8 @@
 tables and plots, with the hand-written reading from experiments/readings.md.
 
     python3 experiments/make_docs.py [--jobs 2] [--only scaling nodes]
+
+With --only, the other sections are kept as the page has them (each says when it was made).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from fastsgd.report.table import scaling_efficiency
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parent / "docs"
-ORDER = ("scaling", "replicas", "nodes", "edge", "real_vs_sim")
+ORDER = ("scaling", "scaling_long", "replicas", "nodes", "edge", "real_vs_sim")
 
 
 def axes_of(run: RunData) -> dict[str, str]:
@@ -93,7 +95,8 @@ def section(name: str, jobs: int) -> str:
     write_report(runs, out_dir / "report", title=doc.get("title", name))
     lines = [f"## {doc.get('title', name)}", "", doc.get("question", ""), "",
              f"Spec: [experiments/{name}.toml](../experiments/{name}.toml), "
-             f"{len(runs)} of {len(matrix)} cells. Each cell: time to "
+             f"{len(runs)} of {len(matrix)} cells, made {datetime.date.today().isoformat()}. "
+             "Each cell: time to "
              f"{runs[0].summary['target_accuracy']:.0%} on the run's clock · final accuracy · "
              "samples per second (all workers) · scaling efficiency, where a 1-worker run of "
              "the job is in the spec.", "", pivot(runs, doc["pivot"])]
@@ -117,11 +120,25 @@ def main() -> None:
         "# Experiments: the FAST paper's questions", "",
         "Made by `python3 experiments/make_docs.py` (it runs `fastsgd bench` on each spec of "
         "experiments/ and writes this page; cells already run are kept in experiments/out/). "
-        f"Machine: {platform.platform()}, {os.cpu_count()} cores; "
-        f"{datetime.date.today().isoformat()}. Simulated cells are deterministic: another "
-        "machine gives the same tables, except (e), whose real cells are measured here.", ""]
-    body = [section(name, args.jobs) for name in ORDER if name in args.only]
-    (DOCS / "experiments.md").write_text("\n".join(header + body))
+        f"Machine: {platform.platform()}, {os.cpu_count()} cores. Simulated cells are "
+        "deterministic: another machine gives the same tables, except (e), whose real cells "
+        "are measured here.", ""]
+    page = DOCS / "experiments.md"
+    kept = sections(page.read_text()) if page.exists() else {}
+    body = [section(name, args.jobs) if name in args.only else kept.get(title(name), "")
+            for name in ORDER]
+    page.write_text("\n".join(header + [part for part in body if part]))
+
+
+def title(name: str) -> str:
+    return read_toml(HERE / f"{name}.toml").get("doc", {}).get("title", name)
+
+
+def sections(page: str) -> dict[str, str]:
+    """A page's sections, by title: from each '## TITLE' to the next."""
+    parts = page.split("\n## ")[1:]
+    return {part.partition("\n")[0].strip(): "## " + part.rstrip("\n") + "\n"
+            for part in parts}
 
 
 if __name__ == "__main__":
