@@ -2,6 +2,7 @@
 (interrupt.StoreStop); the end-to-end test is in test_torchrun.py."""
 
 import multiprocessing as mp
+import tempfile
 import threading
 import time
 
@@ -116,8 +117,10 @@ def test_a_worker_cannot_go_past_a_join_step_before_it_reads_it():
     assert first_seen and first_seen[0] <= joined
 
 
-def test_a_worker_killed_inside_the_lock_leaves_it_free():
+def test_a_worker_killed_inside_the_lock_leaves_it_free(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     stop = Stop(mp.get_context("fork"), 2)
+    assert list(tmp_path.iterdir()) == []  # the lock's file: nothing to leave behind
     inside = mp.get_context("fork").Event()
 
     def hold_forever():

@@ -48,20 +48,22 @@ class _ProcessLock:
     """A lock among the launcher, its forked workers and their threads that a holder's death
     releases: a worker killed (-9) inside a multiprocessing lock would leave every other
     worker and the launcher waiting for it for good. Each process takes a POSIX record lock
-    (lockf) on a file it opened itself: the kernel drops it with the process, and a process
-    forked meanwhile (a joiner, a data loader's) does not inherit it."""
+    (lockf) on one file: the kernel drops it with the process, and a process forked meanwhile
+    (a joiner, a data loader's) does not inherit it. The file is unlinked as soon as it is
+    made, so that nothing is left behind, even when the launcher is killed -9; the forked
+    workers lock through the descriptor they inherit (record locks belong to processes, not
+    to descriptors)."""
 
     def __init__(self) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="fastsgd-lock-")
-        os.close(fd)
-        weakref.finalize(self, _remove_if_owner, self.path, os.getpid())
-        self._pid, self._fd, self._threads = -1, -1, threading.Lock()
+        self._fd, path = tempfile.mkstemp(prefix="fastsgd-lock-")
+        os.unlink(path)
+        weakref.finalize(self, _close_if_owner, self._fd, os.getpid())
+        self._pid, self._threads = -1, threading.Lock()
 
     def __enter__(self) -> None:
-        if self._pid != os.getpid():  # forked: a file description of its own
-            self._pid, self._fd = os.getpid(), os.open(self.path, os.O_RDWR)
-            self._threads = threading.Lock()  # lockf does not tell this process's threads apart
-        self._threads.acquire()
+        if self._pid != os.getpid():  # forked: a thread lock of its own
+            self._pid, self._threads = os.getpid(), threading.Lock()
+        self._threads.acquire()  # lockf does not tell this process's threads apart
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_EX)
         except BaseException:  # a Ctrl-C in the launcher while it waits
@@ -73,9 +75,9 @@ class _ProcessLock:
         self._threads.release()
 
 
-def _remove_if_owner(path: str, owner: int) -> None:
+def _close_if_owner(fd: int, owner: int) -> None:
     if os.getpid() == owner:
-        os.remove(path)
+        os.close(fd)
 
 
 class Stop:
