@@ -273,3 +273,20 @@ def test_ctrl_c_stops_a_simulation_with_a_checkpoint(tmp_path):
     _ctrl_c("simulate", tmp_path / "run", "data.name=digits", "model.name=mlp",
             "run.workers=4", "strategy.name=sgp", "compute.model=fixed",
             "compute.step_time=1ms")
+
+
+def test_cut_back_keeps_what_it_drops_aside_one_folder_per_cut(tmp_path):
+    def lines(steps):
+        return "".join(json.dumps({"step": s, "rank": r}) + "\n" for s in steps for r in (0, 1))
+
+    (tmp_path / "metrics.jsonl").write_text(lines(range(1, 11)))
+    (tmp_path / "eval.jsonl").write_text(lines([5, 10]))
+    checkpoint.cut_back(tmp_path, 5)  # a restart from the checkpoint of step 5
+    assert (tmp_path / "metrics.jsonl").read_text() == lines(range(1, 6))
+    assert (tmp_path / "attempts/1/metrics.jsonl").read_text() == lines(range(6, 11))
+    assert (tmp_path / "attempts/1/eval.jsonl").read_text() == lines([10])
+    checkpoint.cut_back(tmp_path, 5)  # nothing past it: no folder
+    checkpoint.cut_back(tmp_path, 0)  # a restart from the start: the whole attempt aside
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    assert (tmp_path / "attempts/2/metrics.jsonl").read_text() == lines(range(1, 6))
+    assert sorted(p.name for p in (tmp_path / "attempts").iterdir()) == ["1", "2"]

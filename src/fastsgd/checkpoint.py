@@ -190,13 +190,32 @@ def load(data: bytes) -> dict[str, Any]:
 
 
 def cut_back(run_dir: Path, step: int) -> None:
-    """Drop what a run that died after the checkpoint of `step` logged past it."""
+    """Drop what a run that died after the checkpoint of `step` logged past it, keeping it
+    aside in run_dir/attempts/N/ (N = 1, 2, ...: one folder per cut), so that a restart
+    loses no record: a restart from the start moves the whole failed attempt there."""
+    aside = None
     for name in ("metrics.jsonl", "eval.jsonl"):
         path = run_dir / name
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines(keepends=True)
-                    if line.strip() and json.loads(line)["step"] <= step]
+        if not path.exists():
+            continue
+        kept: list[str] = []
+        dropped: list[str] = []
+        for line in path.read_text().splitlines(keepends=True):
+            if line.strip():
+                (kept if json.loads(line)["step"] <= step else dropped).append(line)
+        if dropped:
+            aside = aside or _next_attempt(run_dir)
+            write_atomic(aside / name, "".join(dropped).encode())
             write_atomic(path, "".join(kept).encode())
+
+
+def _next_attempt(run_dir: Path) -> Path:
+    n = 1
+    while (run_dir / "attempts" / str(n)).exists():
+        n += 1
+    folder = run_dir / "attempts" / str(n)
+    folder.mkdir(parents=True)
+    return folder
 
 
 def rng_state() -> dict[str, Any]:
