@@ -95,7 +95,8 @@ def section(name: str, jobs: int) -> str:
     write_report(runs, out_dir / "report", title=doc.get("title", name))
     lines = [f"## {doc.get('title', name)}", "", doc.get("question", ""), "",
              f"Spec: [experiments/{name}.toml](../experiments/{name}.toml), "
-             f"{len(runs)} of {len(matrix)} cells, made {datetime.date.today().isoformat()}. "
+             f"{len(runs)} of {len(matrix)} cells, made {datetime.date.today().isoformat()} on "
+             f"{platform.platform()} ({os.cpu_count()} cores). "
              "Each cell: time to "
              f"{runs[0].summary['target_accuracy']:.0%} on the run's clock · final accuracy · "
              "samples per second (all workers) · scaling efficiency, where a 1-worker run of "
@@ -114,15 +115,15 @@ def section(name: str, jobs: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--only", nargs="*", default=list(ORDER))
+    parser.add_argument("--only", nargs="*", default=list(ORDER), choices=ORDER)
     args = parser.parse_args()
     header = [
         "# Experiments: the FAST paper's questions", "",
         "Made by `python3 experiments/make_docs.py` (it runs `fastsgd bench` on each spec of "
         "experiments/ and writes this page; cells already run are kept in experiments/out/). "
-        f"Machine: {platform.platform()}, {os.cpu_count()} cores. Simulated cells are "
+        "Each section says when and on which machine it was made. Simulated cells are "
         "deterministic: another machine gives the same tables, except (e), whose real cells "
-        "are measured here.", ""]
+        "are measured where it was made.", ""]
     page = DOCS / "experiments.md"
     kept = sections(page.read_text()) if page.exists() else {}
     body = [section(name, args.jobs) if name in args.only else kept.get(title(name), "")

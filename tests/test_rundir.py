@@ -122,5 +122,7 @@ def test_default_folder_is_strategy_and_time_and_never_reused(tmp_path):
     out = str(tmp_path / "runs" / "dpsgd-x")
     first = claim(out, reuse=False)
     (first / "config.toml").write_text("")
+    (first / "attempts" / "1").mkdir(parents=True)  # a restarted run's cut lines
     assert claim(out, reuse=False).name == "dpsgd-x-2"
     assert claim(out, reuse=True) == first and not (first / "config.toml").exists()
+    assert not (first / "attempts").exists()  # --overwrite: the old run's, gone with it

@@ -210,12 +210,16 @@ def cut_back(run_dir: Path, step: int) -> None:
 
 
 def _next_attempt(run_dir: Path) -> Path:
+    """A new folder attempts/N, N the first free (made, not tested: two nodes' leaders
+    sharing the run directory may both cut back)."""
+    (run_dir / "attempts").mkdir(parents=True, exist_ok=True)
     n = 1
-    while (run_dir / "attempts" / str(n)).exists():
-        n += 1
-    folder = run_dir / "attempts" / str(n)
-    folder.mkdir(parents=True)
-    return folder
+    while True:
+        try:
+            (run_dir / "attempts" / str(n)).mkdir()
+            return run_dir / "attempts" / str(n)
+        except FileExistsError:
+            n += 1
 
 
 def rng_state() -> dict[str, Any]:

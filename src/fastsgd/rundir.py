@@ -55,6 +55,7 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
             (path / name).unlink(missing_ok=True)
         shutil.rmtree(path / "checkpoints", ignore_errors=True)
         shutil.rmtree(path / "report", ignore_errors=True)
+        shutil.rmtree(path / "attempts", ignore_errors=True)
         for events in path.glob(f"{EVENTS_PREFIX}*{EVENTS_SUFFIX}"):
             events.unlink()
         return path

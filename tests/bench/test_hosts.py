@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fastsgd.bench import netns
+from fastsgd.bench import hosts, netns
 from fastsgd.bench.runner import cell_dir, run_bench
 from fastsgd.bench.spec import cells, load_spec
 from fastsgd.cli import main
@@ -116,9 +116,13 @@ def test_interrupting_a_hosts_cell_leaves_nothing(tmp_path):
     ("network.workers_per_node = 3\n", "network.workers_per_node = 3 does not divide"),
     ('network.bandwidths = {5 = "1Mbit"}\n', "network.bandwidths names worker 5"),
     ('faults.crash = [{worker = 1, step = 3}]\n', "faults.crash: the simulator's faults"),
+    ('run.backend = "nccl"\n', "run.backend = 'nccl': emulated hosts share"),
+    ("run.workers = 300\n", "run.workers = 300: at most 253 emulated hosts"),
+    ("network.mtu = 70000\n", "network.mtu = 70000: a veth carries at most 65535"),
 ])
 def test_what_hosts_cannot_emulate_is_one_line(tmp_path, capsys, extra, says):
-    assert main(["bench", str(_spec(tmp_path, SPEC + extra)), "--out",
+    base = SPEC.replace("run.workers = 2\n", "") if extra.startswith("run.workers") else SPEC
+    assert main(["bench", str(_spec(tmp_path, base + extra)), "--out",
                  str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err and "the cell (the base)" in err, err
@@ -130,3 +134,28 @@ def test_a_machine_that_cannot_make_namespaces_refuses_hosts_cells(tmp_path, mon
     with pytest.raises(UserError, match="mode 'hosts' cells cannot run here: emulated hosts "
                                         "need root"):
         run_bench(_spec(tmp_path, SPEC), tmp_path / "b")
+
+
+def test_once_a_node_fails_the_others_get_a_grace_period(monkeypatch):
+    monkeypatch.setattr(hosts, "GRACE", 0.5)
+    procs = [subprocess.Popen(["sleep", "60"]), subprocess.Popen(["false"])]
+    try:
+        started = time.monotonic()
+        assert hosts._wait_all(procs, None) == [-1, 1]
+        assert time.monotonic() - started < 30
+    finally:
+        procs[0].kill()
+        procs[0].wait()
+
+
+@needs_namespaces
+def test_namespaces_left_by_a_process_killed_9_are_removed():
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid is free: as a hosts launcher killed -9 would leave it
+    name = f"fsgd{gone.pid}-h0"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert name in netns.remove_stale()
+        assert name not in netns.leftovers("fsgd")
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)

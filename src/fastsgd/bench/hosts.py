@@ -20,6 +20,7 @@ cell is then not done, and the bench runs it again from its start.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import subprocess
 import sys
@@ -29,12 +30,22 @@ from pathlib import Path
 from typing import Any
 
 from fastsgd import config as cfg
-from fastsgd.bench.netns import EmulatedHosts, Refused, check_can_emulate, exit_on_signals
+from fastsgd.bench.netns import (
+    MAX_HOSTS,
+    EmulatedHosts,
+    Refused,
+    check_can_emulate,
+    exit_on_signals,
+    remove_stale,
+)
 from fastsgd.errors import ConfigError
+from fastsgd.transport.sim.network import Network
 from fastsgd.units import parse_bandwidth, parse_seconds
 
 PORT = 29500  # each namespace has ports of its own: always free
 LOG_TAIL = 3000  # characters of a failed node's log shown
+GRACE = 10.0  # seconds the other nodes get to end once one has failed
+MAX_MTU = 65535  # a veth's
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -49,17 +60,19 @@ def check_config(config: dict[str, Any]) -> None:
                 "is a namespace's loopback")
     if network["loss"]:
         _refuse("loss", network["loss"], 0.0, "would need tc netem")
-    per_node, workers = network["workers_per_node"], config["run"]["workers"]
-    if workers % per_node:
-        raise ConfigError(f"network.workers_per_node = {per_node} does not divide the "
-                          f"{workers} workers (run.workers)")
-    if network["bandwidths"] and per_node > 1:
+    workers = config["run"]["workers"]
+    as_simulated(config).check(workers)  # workers_per_node divides them, ranks exist
+    if network["bandwidths"] and network["workers_per_node"] > 1:
         raise ConfigError("network.bandwidths: emulated hosts give one link per node; "
                           "per-worker links need network.workers_per_node = 1")
-    for rank in network["bandwidths"]:
-        if int(rank) >= workers:
-            raise ConfigError(f"network.bandwidths names worker {rank}, but ranks go from 0 "
-                              f"to {workers - 1}")
+    if workers // network["workers_per_node"] > MAX_HOSTS:
+        raise ConfigError(f"run.workers = {workers}: at most {MAX_HOSTS} emulated hosts "
+                          "(raise network.workers_per_node)")
+    if network["mtu"] > MAX_MTU:
+        raise ConfigError(f"network.mtu = {network['mtu']}: a veth carries at most {MAX_MTU}")
+    if config["run"]["backend"] == "nccl":
+        raise ConfigError("run.backend = 'nccl': emulated hosts share this machine's GPUs "
+                          "and NCCL would bypass their links; use gloo (or auto)")
     for key in ("crash", "down"):
         if config["faults"][key]:
             raise ConfigError(f"faults.{key}: the simulator's faults do not apply to mode "
@@ -71,12 +84,17 @@ def _refuse(key: str, value: object, default: object, why: str) -> None:
                       f"(tc tbf); this {why}. Leave it at {default!r} in mode 'hosts' cells")
 
 
+def as_simulated(config: dict[str, Any]) -> Network:
+    """The cell's `[network]` as the simulator reads it (one reading of the keys)."""
+    keys = inspect.signature(Network.parse).parameters
+    return Network.parse(**{k: v for k, v in config["network"].items() if k in keys})
+
+
 def links(config: dict[str, Any]) -> list[int]:
     """Each node's link in bit/s: network.bandwidth, or the worker's own."""
-    network = config["network"]
-    nodes = config["run"]["workers"] // network["workers_per_node"]
-    own = {int(rank): value for rank, value in network["bandwidths"].items()}
-    return [round(parse_bandwidth(own.get(i, network["bandwidth"])) * 8) for i in range(nodes)]
+    network = as_simulated(config)
+    nodes = config["run"]["workers"] // network.workers_per_node
+    return [round(network.nic(i) * 8) for i in range(nodes)]
 
 
 def burst(bits_per_second: int) -> str:
@@ -87,10 +105,11 @@ def burst(bits_per_second: int) -> str:
 
 def run_nodes(hosts: EmulatedHosts, per_node: int, fastsgd_args: list[str], logs: Path,
               timeout: float | None = None) -> list[int]:
-    """`fastsgd run ARGS` under torchrun, one node per host, `per_node` workers each; the
-    nodes' exit codes (-1: past `timeout` seconds). Every node's log is logs/nodeI.log.
-    The nodes are killed at the end, whatever happens (their workers, in sessions of their
-    own, go with the namespaces: EmulatedHosts.close)."""
+    """`fastsgd run ARGS` under torchrun (on gloo), one node per host, `per_node` workers
+    each; the nodes' exit codes (-1: past `timeout` seconds, or still running `GRACE`
+    seconds after another node failed). Every node's log is logs/nodeI.log. Every process
+    left in the hosts is killed at the end, whatever happens (torchrun's workers run in
+    sessions of their own)."""
     procs: list[subprocess.Popen] = []
     try:
         for i in range(hosts.n):
@@ -98,24 +117,29 @@ def run_nodes(hosts: EmulatedHosts, per_node: int, fastsgd_args: list[str], logs
             cmd = [*hosts.exec_prefix(i), sys.executable, "-m", "torch.distributed.run",
                    f"--nnodes={hosts.n}", f"--nproc-per-node={per_node}", f"--node-rank={i}",
                    f"--master-addr={hosts.address(0)}", f"--master-port={PORT}",
-                   "-m", "fastsgd", "run", "--quiet", *fastsgd_args]
+                   "-m", "fastsgd", "run", "--quiet", *fastsgd_args,
+                   "--set", "run.backend=gloo"]
             with open(logs / f"node{i}.log", "w") as log:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                               env=env, start_new_session=True))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        return [_wait(proc, deadline) for proc in procs]
+        return _wait_all(procs, None if timeout is None else time.monotonic() + timeout)
     finally:
+        hosts.kill_all()
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            proc.wait()
 
 
-def _wait(proc: subprocess.Popen, deadline: float | None) -> int:
-    try:
-        return proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return -1
+def _wait_all(procs: list[subprocess.Popen], deadline: float | None) -> list[int]:
+    """Every node's exit code; once one fails, the others get GRACE seconds (a node whose
+    peer died can wait in a collective for many minutes)."""
+    while any(p.poll() is None for p in procs):
+        if any(p.poll() for p in procs):
+            failed = time.monotonic() + GRACE
+            deadline = failed if deadline is None else min(deadline, failed)
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return [-1 if p.poll() is None else p.returncode for p in procs]
 
 
 def run_cell(spec: Path, out: Path) -> int:
@@ -126,6 +150,7 @@ def run_cell(spec: Path, out: Path) -> int:
     check_config(config)
     prefix = f"fsgd{os.getpid()}"
     check_can_emulate(prefix)
+    remove_stale()  # what a cell killed -9 left
     rates = links(config)
     per_node = config["network"]["workers_per_node"]
     mtu = config["network"]["mtu"] or 1500  # 0 (payload only) is the simulator's
@@ -154,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, Refused) as e:
         print(f"fastsgd.bench.hosts: {e}", file=sys.stderr)
         return 2
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # ip, tc, sysctl
+        print(f"fastsgd.bench.hosts: emulated hosts failed: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

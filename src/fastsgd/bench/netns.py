@@ -24,6 +24,7 @@ import subprocess
 import sys
 
 SUBNET = "10.239.0"  # inside the namespaces only: never routed in the root namespace
+MAX_HOSTS = 253  # SUBNET.1 .. SUBNET.253 in one /24
 
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -66,7 +67,7 @@ def check_can_emulate(prefix: str) -> None:
                           timeout=30)
     if proc.returncode != 0:
         raise Refused(f"cannot create a network namespace: {proc.stderr.strip()}")
-    _ip("netns", "delete", probe)
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=30)
 
 
 def leftovers(prefix: str) -> list[str]:
@@ -78,6 +79,32 @@ def leftovers(prefix: str) -> list[str]:
             words = line.replace(":", " ").split()
             found += [w for w in words[:2] if w.startswith(prefix)]
     return found
+
+
+def _kill_inside(namespace: str) -> None:
+    try:
+        pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                              text=True, timeout=30).stdout.split()
+    except subprocess.TimeoutExpired:
+        return
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def remove_stale(base: str = "fsgd") -> list[str]:
+    """Delete the namespaces `base<PID>-*` whose process PID is gone (killed -9 before it
+    could clean up), and what runs in them; returns their names."""
+    stale = []
+    for name in leftovers(base):
+        pid = name[len(base):].split("-")[0]
+        if "-" in name and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _kill_inside(name)
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
+            stale.append(name)
+    return stale
 
 
 class EmulatedHosts:
@@ -152,21 +179,24 @@ class EmulatedHosts:
         if proc.returncode != 0:
             raise RuntimeError(f"tc tbf on {dev}: {proc.stderr.strip()}")
 
+    def kill_all(self) -> None:
+        """Kill every process in the hosts' namespaces (torchrun's workers run in sessions
+        of their own, so killing a torchrun leaves them)."""
+        for name in self.made:
+            _kill_inside(name)
+
     def close(self) -> None:
         """Kill every process still in a namespace made, then delete the namespaces (their
-        veths, bridge and qdiscs go with them). torchrun starts its workers in sessions of
-        their own, so killing the torchrun a host runs leaves them behind: without this they
-        outlived an interrupted run, waiting for peers that were gone."""
-        for name in reversed(self.made):
-            listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True,
-                                    text=True, timeout=30).stdout.split()
-            for pid in listed:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
-        self.made = []
+        veths, bridge and qdiscs go with them). An interrupt waits until this is done: one
+        that cut it short would leave namespaces nobody deletes."""
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            while self.made:
+                name = self.made.pop()
+                _kill_inside(name)
+                subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def round_trip(self, a: int = 0, b: int = 1, trips: int = 50) -> float:
         """Median TCP round trip (s) of a 1-byte message from host a to host b and back."""

@@ -51,7 +51,7 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
     if ray is None and any(c.mode == "hosts" and not done(root, c) for c in matrix):
         try:  # before any cell runs: this machine must be able to make namespaces
             check_can_emulate(f"fsgd{os.getpid()}")
-        except Refused as e:
+        except (Refused, subprocess.SubprocessError) as e:
             raise UserError(f"{spec}: mode 'hosts' cells cannot run here: {e}") from None
     (root / "cells").mkdir(parents=True, exist_ok=True)
     labels = root / "cells" / LABELS  # what each hashed folder is, for the report
@@ -109,15 +109,18 @@ def _run_all(root: Path, todo: list[Cell], jobs: int, ray: Any, quiet: bool) -> 
     return failed
 
 
-_running: set[subprocess.Popen] = set()  # the cells' processes, for Ctrl-C
+_running: dict[subprocess.Popen, str] = {}  # the cells' processes and modes, for Ctrl-C
 _lock = threading.Lock()
+STOP_WITHIN = {"hosts": 60.0}  # a hosts cell deletes its namespaces first; others: 10 s
 
 
-def _stop_cells(within: float = 10.0) -> None:
+def _stop_cells() -> None:
     """Ctrl-C: each running cell is interrupted (it writes a checkpoint, as `fastsgd run`
-    and `simulate` do on Ctrl-C), then killed if it has not stopped `within` seconds."""
+    and `simulate` do on Ctrl-C), then killed if it has not stopped within 10 seconds (60
+    for a hosts cell, which must delete its namespaces)."""
     with _lock:
         procs = list(_running)
+        within = max((STOP_WITHIN.get(m, 10.0) for m in _running.values()), default=10.0)
     for proc in procs:
         proc.send_signal(signal.SIGINT)
     deadline = time.monotonic() + within
@@ -176,11 +179,11 @@ def _process(mode: str, spec: Path, folder: Path) -> tuple[int, str]:
     proc = subprocess.Popen(command(mode, spec, folder), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     with _lock:
-        _running.add(proc)
+        _running[proc] = mode
     try:
         output, _ = proc.communicate()
     finally:
         with _lock:
-            _running.discard(proc)
+            _running.pop(proc, None)
         _kill_group(proc)  # whatever of the cell outlived its launcher
     return proc.returncode, output
