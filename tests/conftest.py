@@ -48,6 +48,21 @@ def max_abs_diff(a: dict, b: dict) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
+def _why_no_namespaces() -> str | None:
+    from fastsgd.bench import netns
+
+    try:
+        netns.check_can_emulate(f"fsgdtest{os.getpid()}")
+    except netns.Refused as e:
+        return str(e)
+    return None
+
+
+WHY_NO_NAMESPACES = _why_no_namespaces()  # None where emulated hosts can be made
+needs_namespaces = pytest.mark.skipif(WHY_NO_NAMESPACES is not None,
+                                      reason=f"no emulated hosts here: {WHY_NO_NAMESPACES}")
+
+
 def orphans(marker: str) -> list[int]:
     """Processes whose command line holds `marker`."""
     found = []

@@ -16,7 +16,7 @@ from fastsgd.bench.runner import cell_dir, run_bench
 from fastsgd.bench.spec import cells, load_spec
 from fastsgd.cli import main
 from fastsgd.errors import UserError
-from tests.conftest import orphans
+from tests.conftest import needs_namespaces, orphans
 
 SPEC = """
 [bench]
@@ -32,17 +32,6 @@ network.bandwidth = "20Mbit"
 """
 BOTH = '[axes]\nmode = ["hosts", "simulate"]\n'
 
-
-def _why_not() -> str | None:
-    try:
-        netns.check_can_emulate(f"fsgdtest{os.getpid()}")
-    except netns.Refused as e:
-        return str(e)
-    return None
-
-
-needs_namespaces = pytest.mark.skipif(_why_not() is not None,
-                                      reason=f"no emulated hosts here: {_why_not()}")
 
 
 def _spec(tmp_path, text):

@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 
 from fastsgd.bench import netns
-from tests.conftest import orphans
+from tests.conftest import needs_namespaces, orphans
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 SCRIPT = BENCHMARKS / "sim_fidelity.py"
@@ -30,18 +30,6 @@ def _load(name: str) -> ModuleType:
     spec.loader.exec_module(module)
     return module
 
-
-def _why_not() -> str | None:
-    try:
-        netns.check_can_emulate(f"fsgdtest{os.getpid()}")
-    except netns.Refused as e:
-        return str(e)
-    return None
-
-
-WHY_NOT = _why_not()  # None where namespaces can be made
-needs_namespaces = pytest.mark.skipif(WHY_NOT is not None,
-                                      reason=f"no emulated hosts here: {WHY_NOT}")
 
 
 @pytest.mark.multiproc
