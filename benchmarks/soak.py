@@ -2,7 +2,7 @@
 
     python3 benchmarks/soak.py [--strategies sgp dpsgd] [--workers 4] [--steps 6000]
                                [--kill-every 60] [--rejoin | --checkpoint-every 200]
-                               [--json FILE]
+                               [--eval-every N] [--keep DIR] [--json FILE]
 
 For each strategy, `fastsgd run` trains the MLP on Fashion-MNIST twice with the same
 settings: once undisturbed, once while this script kills a random worker process (SIGKILL)
@@ -61,7 +61,8 @@ def run(strategy: str, args: argparse.Namespace, out: Path, kill: bool) -> dict[
            "--set", f"run.workers={args.workers}", "--set", f"run.steps={args.steps}",
            "--set", f"run.checkpoint_every={0 if args.rejoin else args.checkpoint_every}",
            "--set", f"run.rejoin={str(args.rejoin).lower()}",
-           "--set", "run.max_restarts=1000", "--set", f"run.eval_every={args.steps}",
+           "--set", "run.max_restarts=1000",
+           "--set", f"run.eval_every={args.eval_every or args.steps}",
            "--set", f"run.out={out}"]
     began = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -104,13 +105,18 @@ def main() -> None:
     p.add_argument("--rejoin", action="store_true",
                    help="a new worker joins in place of a killed one (run.rejoin)")
     p.add_argument("--seed", type=int, default=0, help="which workers get killed")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="evaluate every N steps (default: at the last step only)")
+    p.add_argument("--keep", help="keep the run directories in this folder")
     p.add_argument("--json", help="write the rows to this file")
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.keep or tmp)
         for strategy in args.strategies:
             for kill in (False, True):
-                row = run(strategy, args, Path(tmp) / f"{strategy}-{kill}", kill)
+                name = f"{strategy}-{'killed' if kill else 'undisturbed'}"
+                row = run(strategy, args, folder / name, kill)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     if args.json:
