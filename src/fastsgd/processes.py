@@ -59,7 +59,7 @@ def rejoin_steps(plan: Plan) -> int | None:
     if survives(plan) != "carry_on" or plan.compressor.kind not in getattr(
             plan.strategy, "REJOINS", ()):
         raise UserError(f"run.rejoin = true needs a strategy that carries on without a lost "
-                        f"worker and takes a new one in its place: sgp, dpsgd or ps, with an "
+                        f"worker and takes a new one in its place: sgp, dpsgd, ps or ltfb, with an "
                         f"exact codec "
                         f"and run.checkpoint_every = 0 (strategy '{name}', codec "
                         f"'{plan.compressor.name}')")

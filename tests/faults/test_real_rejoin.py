@@ -1,4 +1,4 @@
-"""Real processes (`fastsgd run`, run.rejoin): a killed worker of sgp, dpsgd or ps is
+"""Real processes (`fastsgd run`, run.rejoin): a killed worker of sgp, dpsgd, ps or ltfb is
 replaced by a new process that joins the running run from a live worker's state, at a step
 every worker counts it in from, and trains to the end with the others."""
 
@@ -28,7 +28,7 @@ def _run(out, strategy="sgp", **env_vars):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("strategy, late", [("sgp", 0), ("dpsgd-ring", 0), ("ps", 0),
-                                            ("dpsgd-ring", 2)])
+                                            ("ltfb", 0), ("dpsgd-ring", 2)])
 def test_a_killed_worker_is_replaced_by_one_that_joins_from_a_live_state(strategy, late,
                                                                           tmp_path):
     # late: the new process connects 2 s after it started, when the others have gone past
@@ -46,13 +46,16 @@ def test_a_killed_worker_is_replaced_by_one_that_joins_from_a_live_state(strateg
     assert (back["worker"], back["left_at_step"], back["joined_at_step"]) == (
         2, KILLED_AT, joined)
     assert summary["final_accuracy"] > 0.85 and summary["evaluations"] == STEPS // EVAL_EVERY
-    if strategy != "dpsgd-ring":  # they end in one model: the joiner's taken in
+    if strategy in ("sgp", "ps"):  # they end in one model: the joiner's taken in
         assert summary["consensus_distance"] < 1e-12
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     # the new process, from the step it joined at to the end (the killed one's last lines,
     # not yet flushed, died with it)
     assert [r["step"] for r in rows if r["rank"] == 2 and r["step"] > KILLED_AT] == [
         *range(joined + 1, STEPS + 1)]
+    # and it takes part: pushes, gossip rounds or tournament rounds go both ways
+    after = [r for r in rows if r["rank"] == 2 and r["step"] > joined]
+    assert sum(r["bytes_sent"] for r in after) > 0 and sum(r["bytes_received"] for r in after)
     first = next(r for r in rows if r["rank"] == 2 and r["step"] == joined + 1)
     # a fresh MLP's loss on digits is about 2.3: the new worker started from the live model
     fresh = next(r for r in rows if r["rank"] == 0 and r["step"] == 1)

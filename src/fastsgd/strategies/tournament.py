@@ -30,6 +30,7 @@ class Tournament(Configurable, section="strategy"):
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = CODEC_KINDS  # a lost partner's round is skipped
     CARRIES_ON_REAL = True  # also on real processes: no collective while training
+    REJOINS = ("exact",)  # a new worker may take a lost one's place (run.rejoin): donate
     OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds"),
                "adapt_optimizer": ADAPT_OPTION}
 
@@ -50,9 +51,10 @@ class Tournament(Configurable, section="strategy"):
         if (ctx.step + 1) % self.period or ctx.score is None:
             return
         partner = pairing(ctx.transport.world_size, (ctx.step + 1) // self.period)
-        peer = partner.get(ctx.transport.rank)
-        if peer is None or peer in ctx.transport.departed():
-            return
+        t = ctx.transport
+        peer = partner.get(t.rank)
+        if peer is None or peer in t.absent(ctx.step) | set(t.departed()):
+            return  # lost, or lost and not yet back (run.rejoin: back from its join step)
         mine = flatten(params)
         outgoing = pack(ctx.compressor.compress(mine))
         try:  # same codec, same model: same payload size
@@ -65,6 +67,11 @@ class Tournament(Configurable, section="strategy"):
         if my_score <= ctx.score():  # ours wins (lower loss): put it back
             assign(params, mine)
             state["wins"] += 1
+
+    def donate(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A worker joins in a lost one's place from this one's model (run.rejoin): the
+        rounds it has won are this worker's, not its."""
+        return {**state, "wins": torch.zeros_like(state["wins"])}
 
     def close(self) -> None:
         return None
