@@ -126,7 +126,8 @@ def test_replicas_end_averaged_unless_asked_not_to(name, synthetic, tmp_path):
 def test_push_numbers_start_again_for_a_new_process_at_either_end():
     """run.rejoin: a sender numbers its pushes to a rank from 0 again once a new process
     stands for that rank (the new one waits for number 0), and a joiner's pushes carry the
-    step it joined at, so a receiver keeps them apart from the lost one's."""
+    step it joined at, so a receiver keeps them apart from the lost one's; each carries the
+    step it was pushed at (max_lag)."""
     from fastsgd.compress.wire import unpack
 
     class Sent:
@@ -146,11 +147,24 @@ def test_push_numbers_start_again_for_a_new_process_at_either_end():
     for step in (8, 9, 10, 11):
         sgp._push(t, 2, z, share, state, step)
     numbers = [unpack(b, sgp._fields)["number"].tolist() for b in t.posted]
-    assert numbers == [[0, 0], [0, 1], [0, 0], [0, 1]]
+    assert numbers == [[0, 0, 8], [0, 1, 9], [0, 0, 10], [0, 1, 11]]
     sgp.joined(10, [])  # this process took a lost one's place at step 10
     sgp._push(t, 1, z, share, state, 12)
-    assert unpack(t.posted[-1], sgp._fields)["number"].tolist() == [10, 0]
+    assert unpack(t.posted[-1], sgp._fields)["number"].tolist() == [10, 0, 12]
     held = {}
     state = {"held": held, "taken": {(1, 0): 5}}
     sgp._hold([(1, t.posted[-1])], state)
-    assert [src for src, _ in sgp._in_order([], state)] == [1]  # applied: a new sequence
+    assert [src for src, _ in sgp._in_order(state)] == [1]  # applied: a new sequence
+    assert sgp._seen == {1: 12}
+
+
+@pytest.mark.parametrize("max_lag", [0, 3])
+def test_max_lag_bounds_how_far_behind_a_mixed_push_is(max_lag, synthetic, tmp_path):
+    """A worker three times slower than the others: unbounded (0), the others run ever
+    further ahead and mix in ever older pushes of it; with max_lag = 3 none is mixed more
+    than 3 steps after it was pushed (they wait for it)."""
+    result = sim_job(synthetic, tmp_path, {"name": "sgp", "topology": "ring",
+                                           "max_lag": max_lag}, steps=60,
+                     **{"compute.slowdown": [1, 1, 1, 3]}).simulate(4)
+    lag = max(m["staleness"] for m in result.metrics())
+    assert lag <= 3 if max_lag else lag > 20
