@@ -136,7 +136,9 @@ def test_a_link_down_holds_up_a_collective_not_a_gossip_of_others(digits, tmp_pa
     waits = sorted(r["aggregation"] for r in rows if r["rank"] == 0)
     assert 0.99 < waits[-1] < 1.0 and waits[-2] < 0.01
     assert sync.summary["lost_workers"] == []
-    gossip = _simulate(digits, tmp_path / "gossip", **{"strategy.name": "sgp", **down})
+    # unbounded (max_lag = 0): with the default bound they would wait after 16 steps
+    gossip = _simulate(digits, tmp_path / "gossip", **{"strategy.name": "sgp",
+                                                       "strategy.max_lag": 0, **down})
     rows = [json.loads(line) for line in (gossip.run_dir / "metrics.jsonl").open()]
     during = [r for r in rows if r["rank"] == 0 and 0.2 < r["time"] < 1.0]
     assert len(during) > 50  # worker 0 trains on while worker 3 is cut off
