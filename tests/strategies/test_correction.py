@@ -26,24 +26,32 @@ def test_corrected_updates_through_a_lossless_codec_are_large_batch_momentum_sgd
     assert max_abs_diff(params(job.simulate(4)), reference) < 1e-5
 
 
-def _accuracy(synthetic, out, codec, correction="auto", optimizer=None, steps=150):
-    options = {"compression.name": codec, "strategy.momentum_correction": correction}
+def _accuracy(synthetic, out, codec, correction="auto", optimizer=None, steps=150, **options):
+    options = {"compression.name": codec, "strategy.momentum_correction": correction,
+               **options}
     if optimizer == "adam":
         options.update({"optimizer.name": "adam", "optimizer.lr": 0.002})
     job = sim_job(synthetic, out, {"name": "allreduce"}, steps=steps, **options)
     return job.simulate(4).accuracy
 
 
-@pytest.mark.parametrize("codec", ["onebit", "sign"])
-def test_sign_codecs_train_at_the_synchronous_momentum_settings(codec, synthetic, tmp_path):
-    """Momentum 0.9, lr 0.05, as uncompressed, 150 steps (deterministic: fixed compute).
-    Measured: none 76.9%; onebit 75.4% corrected, 71.1% not; sign 75.2% and 66.6%. The
-    Fashion-MNIST figures are in docs/compression.md (benchmarks/momentum_correction.py)."""
-    plain = _accuracy(synthetic, tmp_path / "none", "none")
-    corrected = _accuracy(synthetic, tmp_path / "on", codec)
-    uncorrected = _accuracy(synthetic, tmp_path / "off", codec, correction="off")
-    assert corrected > plain - 0.08
-    assert corrected > uncorrected + 0.04
+def test_sign_codecs_train_at_the_uncompressed_momentum_settings(synthetic, tmp_path):
+    """Momentum 0.95, lr 0.025, as uncompressed, 150 steps, the mean of seeds 0-2 (fixed
+    compute). One seed at momentum 0.9 is too close to call: the codecs round near-zero signs
+    differently on different CPUs, and there the gap was 4.3 points on one machine and 3.5 on
+    another. Measured (2026-11-29, Intel Xeon): none 72.1%; onebit 72.8% corrected, 66.8% not;
+    sign 70.2% and 55.0%. Fashion-MNIST figures: docs/compression.md."""
+    mean = {}
+    for codec, correction in [("none", "auto"), ("onebit", "auto"), ("onebit", "off"),
+                              ("sign", "auto"), ("sign", "off")]:
+        runs = [_accuracy(synthetic, tmp_path / f"{codec}-{correction}-{seed}", codec,
+                          correction, **{"run.seed": seed, "optimizer.momentum": 0.95,
+                                         "optimizer.lr": 0.025})
+                for seed in range(3)]
+        mean[codec, correction] = sum(runs) / len(runs)
+    for codec in ("onebit", "sign"):
+        assert mean[codec, "auto"] > mean["none", "auto"] - 0.05, (codec, mean)
+        assert mean[codec, "auto"] > mean[codec, "off"] + 0.03, (codec, mean)
 
 
 def test_adam_trains_through_onebit(synthetic, tmp_path):
