@@ -80,7 +80,7 @@ def test_asynchronous_strategies_on_real_processes(name, synthetic, tmp_path):
 def test_pairwise_gossip_keeps_the_sum_whatever_the_codec_loses(codec):
     """adpsgd with no gradients: each exchange adds d to one end and takes it from the other,
     so the replicas' average never moves; the spread shrinks even through a lossy codec."""
-    from fastsgd.strategies.async_gossip import ADPSGD
+    from fastsgd.strategies.pairwise import ADPSGD
 
     def worker(t):
         return gossip_apart(t, ADPSGD(topology="ring"), codec, steps=1000, dim=100)[:2]

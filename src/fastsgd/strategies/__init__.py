@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from fastsgd.options import Registry
 from fastsgd.strategies.allreduce import AllReduce
-from fastsgd.strategies.async_gossip import ADPSGD, SGP
+from fastsgd.strategies.async_gossip import SGP
 from fastsgd.strategies.averaging import BMUF, EASGD, LocalSGD
 from fastsgd.strategies.base import Context, Strategy
 from fastsgd.strategies.ddp import DDP
 from fastsgd.strategies.diloco import DiLoCo
 from fastsgd.strategies.gossip import DPSGD
 from fastsgd.strategies.hogwild import Hogwild
+from fastsgd.strategies.pairwise import ADPSGD
 from fastsgd.strategies.ps import ParameterServer
 from fastsgd.strategies.ssp import StaleSynchronous
 from fastsgd.strategies.tournament import Tournament

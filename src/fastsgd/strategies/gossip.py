@@ -43,6 +43,9 @@ TOPOLOGY_OPTIONS = {
     "edges": Option(list, [], doc="custom topology: [[a, b], ...] (undirected)"),
 }
 
+END_OPTIONS = {"average_at_end": Option(bool, True, doc="average the replicas after the "
+                                        "final drain (false: each keeps its own)")}
+
 
 @functools.lru_cache(maxsize=16)
 def _shared_topology(key: tuple, world_size: int) -> Topology:
@@ -173,3 +176,11 @@ def mix(local: torch.Tensor, topology: Topology, ctx: Context) -> torch.Tensor:
         mixed = term.mul(weight) if mixed is None else mixed.add_(term, alpha=weight)
     assert mixed is not None
     return mixed
+
+
+def edge_copy(state: dict[str, Any], edges: str, peer: int) -> torch.Tensor:
+    """The copy of the sender's (sgp) or requester's (adpsgd) parameters that both ends of
+    an edge keep alike."""
+    if peer not in state[edges]:
+        state[edges][peer] = state["start"].clone()
+    return state[edges][peer]
