@@ -1,4 +1,4 @@
-"""Real processes (`fastsgd run`, run.rejoin): a killed worker of sgp, dpsgd, ps or ltfb is
+"""Real processes (`fastsgd run`, run.rejoin): a killed worker of sgp, adpsgd, dpsgd, ps or ltfb is
 replaced by a new process that joins the running run from a live worker's state, at a step
 every worker counts it in from, and trains to the end with the others."""
 
@@ -27,8 +27,8 @@ def _run(out, strategy="sgp", **env_vars):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("strategy, late", [("sgp", 0), ("dpsgd-ring", 0), ("ps", 0),
-                                            ("ltfb", 0), ("dpsgd-ring", 2)])
+@pytest.mark.parametrize("strategy, late", [("sgp", 0), ("adpsgd", 0), ("dpsgd-ring", 0),
+                                            ("ps", 0), ("ltfb", 0), ("dpsgd-ring", 2)])
 def test_a_killed_worker_is_replaced_by_one_that_joins_from_a_live_state(strategy, late,
                                                                           tmp_path):
     # late: the new process connects 2 s after it started, when the others have gone past
@@ -46,7 +46,7 @@ def test_a_killed_worker_is_replaced_by_one_that_joins_from_a_live_state(strateg
     assert (back["worker"], back["left_at_step"], back["joined_at_step"]) == (
         2, KILLED_AT, joined)
     assert summary["final_accuracy"] > 0.85 and summary["evaluations"] == STEPS // EVAL_EVERY
-    if strategy in ("sgp", "ps"):  # they end in one model: the joiner's taken in
+    if strategy in ("sgp", "adpsgd", "ps"):  # they end in one model: the joiner's taken in
         assert summary["consensus_distance"] < 1e-12
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     # the new process, from the step it joined at to the end (the killed one's last lines,

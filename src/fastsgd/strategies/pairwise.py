@@ -51,6 +51,7 @@ class ADPSGD(_OnGraph):
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = CODEC_KINDS  # an exchange with a lost peer is given up
     CARRIES_ON_REAL = True  # also on real processes: no collective while training
+    REJOINS = ("exact",)  # a new worker may take a lost one's place (run.rejoin): joined
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "rotate": Option(bool, False, doc="rotate partners (GossipGraD)"), **END_OPTIONS}
 
@@ -71,10 +72,15 @@ class ADPSGD(_OnGraph):
         super().init(params, ctx)
         ctx.transport.start_messages()
         self._codec = ctx.compressor
-        self._rng = random.Random(ctx.transport.rank)
-        self._asked = [0] * ctx.transport.world_size  # requests sent to each rank
-        self._waiting_on: int | None = None  # the peer whose answer is due to this worker
-        self._answered = [0] * ctx.transport.world_size  # requests answered, by requester
+        self._rank = ctx.transport.rank
+        self._rng = random.Random(self._rank)
+        # each process standing for a rank is known by the step it joined at (run.rejoin):
+        # requests are counted per process at both ends, so that the final drain waits only
+        # for those the processes there now sent and were sent
+        self._since = 0  # the step this process joined at (0: it started with the run)
+        self._asked: dict[tuple[int, int], int] = {}  # (rank, its process): requests sent
+        self._answered: dict[tuple[int, int], int] = {}  # (requester, its process): answered
+        self._waiting_on: tuple[int, int] | None = None  # whose answer is due to this worker
         if self._codec.kind == "exact":  # no copies to keep
             return {"copies": {}}
         # every replica starts here: the pairs' copies of the requesters begin as this
@@ -83,50 +89,63 @@ class ADPSGD(_OnGraph):
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         t = ctx.transport
         x = flatten(params)
-        if self._waiting_on in t.departed():
-            self._waiting_on = None  # lost: its answer will never come
+        self._forget_lost(t)
         for src, m in t.poll(PAIR):
             x = self._take(t, src, m, x, state)
         if ctx.last_step:
-            x = self._drain(t, x, state)
+            x = self._drain(t, x, state, ctx.step)
             if self.average_at_end:
                 x = x.clone()
                 t.all_reduce(x)
                 x /= len(t.members())
         elif t.rank % 2 == 0 and self._waiting_on is None and self._partners(t, ctx.step):
-            peer = self._partner(t, ctx.step)
-            if self._codec.kind == "exact":  # x itself: no copy to keep
-                payload = pack(self._codec.compress(x))
-            else:
-                copy = edge_copy(state, "copies", peer)
-                payload = pack(self._codec.compress(x - copy))
-                copy += decode_buffer(self._codec, payload, x, t.rank)
-            t.post(_tagged(REQUEST, payload), peer, PAIR)
-            self._asked[peer] += 1
-            self._waiting_on = peer
+            self._request(t, self._partner(t, ctx.step), x, state, ctx.step)
         assign(params, x)
+
+    def _request(self, t, peer: int, x: torch.Tensor, state: dict[str, Any], step: int) -> None:
+        if self._codec.kind == "exact":  # x itself: no copy to keep
+            payload = pack(self._codec.compress(x))
+        else:
+            copy = edge_copy(state, "copies", peer)
+            payload = pack(self._codec.compress(x - copy))
+            copy += decode_buffer(self._codec, payload, x, t.rank)
+        t.post(_tagged(REQUEST, self._since, payload), peer, PAIR)
+        process = (peer, t.returned_at(peer, step))
+        self._asked[process] = self._asked.get(process, 0) + 1
+        self._waiting_on = process
 
     def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         """Before a checkpoint (every worker): answer every request and take every answer,
         as at the end."""
-        assign(params, self._drain(ctx.transport, flatten(params), state))
+        assign(params, self._drain(ctx.transport, flatten(params), state, ctx.step))
 
     def in_flight_state(self) -> dict[str, Any]:
-        return {"asked": list(self._asked), "answered": list(self._answered),
-                "rng": self._rng.getstate()}
+        return {"asked": _rows(self._asked), "answered": _rows(self._answered),
+                "rng": self._rng.getstate(), "since": self._since}
 
     def load_in_flight(self, saved: dict[str, Any]) -> None:
-        self._asked, self._answered = list(saved["asked"]), list(saved["answered"])
+        self._asked, self._answered = _counts(saved["asked"]), _counts(saved["answered"])
         self._rng.setstate(saved["rng"])
+        self._since = int(saved.get("since", 0))
+
+    def joined(self, step: int, params: Params) -> None:
+        """This process took a lost worker's place at `step`, from another's state
+        (run.rejoin): no exchange of its own is out, and it draws its own partners."""
+        self._since, self._asked, self._answered, self._waiting_on = step, {}, {}, None
+        self._rng = random.Random(self._rank * 1_000_003 + step)
+
+    def _forget_lost(self, t) -> None:
+        if self._waiting_on is not None and self._waiting_on[0] in t.departed():
+            self._waiting_on = None  # lost: its answer will never come
 
     def _take(self, t, src: int, m: torch.Tensor, x: torch.Tensor,
               state: dict[str, Any]) -> torch.Tensor:
         """A request: update the requester's copy, answer with d and add it. An answer:
         subtract d (answers from one peer come in the order of the requests, and a requester
         has one exchange out at a time, so both ends update the copy in the same order)."""
-        codec, payload = self._codec, m[1:]
+        codec, (kind, since, payload) = self._codec, _untagged(m)
         copy = None if codec.kind == "exact" else edge_copy(state, "copies", src)
-        if int(m[0]) == REQUEST:
+        if kind == REQUEST:
             theirs = decode_buffer(codec, payload, x, src)
             if copy is not None:
                 theirs = copy.add_(theirs)
@@ -134,10 +153,10 @@ class ADPSGD(_OnGraph):
             d = decode_buffer(codec, answer, x, t.rank)
             if copy is not None:
                 copy -= d
-            t.post(_tagged(ANSWER, answer), src, PAIR)
-            self._answered[src] += 1
+            t.post(_tagged(ANSWER, since, answer), src, PAIR)  # for the process that asked
+            self._answered[src, since] = self._answered.get((src, since), 0) + 1
             return x + d
-        if src != self._waiting_on:
+        if self._waiting_on is None or src != self._waiting_on[0] or since != self._since:
             return x  # the answer of an exchange given up (this worker thought src lost)
         self._waiting_on = None
         d = decode_buffer(codec, payload, x, src)
@@ -145,16 +164,17 @@ class ADPSGD(_OnGraph):
             copy -= d
         return x - d
 
-    def _drain(self, t, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
-        """Collective: answer every request still coming from a live peer and collect
-        every answer due."""
-        asked = torch.tensor(self._asked, dtype=torch.float64, device=x.device)
+    def _drain(self, t, x: torch.Tensor, state: dict[str, Any], step: int) -> torch.Tensor:
+        """Collective: answer every request still coming from a live peer's process of
+        now and collect every answer due."""
+        mine = [self._asked.get((r, t.returned_at(r, step)), 0) for r in range(t.world_size)]
+        asked = torch.tensor(mine, dtype=torch.float64, device=x.device)
         t.all_reduce(asked)  # among the survivors: a lost worker's requests are not waited for
         while True:
+            self._forget_lost(t)
             gone = t.departed()
-            if self._waiting_on in gone:
-                self._waiting_on = None
-            answered = sum(n for r, n in enumerate(self._answered) if r not in gone)
+            answered = sum(n for (r, since), n in self._answered.items()
+                           if r not in gone and since == t.returned_at(r, step))
             if answered >= int(asked[t.rank]) and self._waiting_on is None:
                 return x
             try:
@@ -164,9 +184,10 @@ class ADPSGD(_OnGraph):
             x = self._take(t, src, m, x, state)
 
     def _partners(self, t, step: int) -> list[int]:
-        """The odd neighbours this even rank may ask at `step`, lost ones left out."""
+        """The odd neighbours this even rank may ask at `step`, those lost and not back
+        left out."""
         assert self.topology is not None
-        gone = t.departed()
+        gone = t.absent(step) | set(t.departed())
         return [p for p in self.topology.out_neighbors(t.rank, step) if p % 2 and p not in gone]
 
     def _partner(self, t, step: int) -> int:
@@ -174,5 +195,22 @@ class ADPSGD(_OnGraph):
         return peers[step % len(peers)] if self.rotate else self._rng.choice(peers)
 
 
-def _tagged(kind: int, payload: torch.Tensor) -> torch.Tensor:
-    return torch.cat([payload.new_tensor([kind]), payload])
+def _tagged(kind: int, since: int, payload: torch.Tensor) -> torch.Tensor:
+    """A PAIR message: its kind, the step the requester's process joined at, the payload."""
+    header = torch.tensor([since], dtype=torch.int64).view(torch.uint8).to(payload.device)
+    return torch.cat([payload.new_tensor([kind]), header, payload])
+
+
+def _untagged(m: torch.Tensor) -> tuple[int, int, torch.Tensor]:
+    return int(m[0]), int(m[1:9].cpu().clone().view(torch.int64)), m[9:]
+
+
+def _rows(counts: dict[tuple[int, int], int]) -> list[list[int]]:
+    return [[rank, since, n] for (rank, since), n in sorted(counts.items())]
+
+
+def _counts(rows: list) -> dict[tuple[int, int], int]:
+    """The counts `_rows` wrote, or a checkpoint's from before rejoins (one per rank)."""
+    if rows and not isinstance(rows[0], (list, tuple)):
+        return {(rank, 0): int(n) for rank, n in enumerate(rows) if n}
+    return {(int(rank), int(since)): int(n) for rank, since, n in rows}
