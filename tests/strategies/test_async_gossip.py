@@ -168,3 +168,20 @@ def test_max_lag_bounds_how_far_behind_a_mixed_push_is(max_lag, synthetic, tmp_p
                      **{"compute.slowdown": [1, 1, 1, 3]}).simulate(4)
     lag = max(m["staleness"] for m in result.metrics())
     assert lag <= 3 if max_lag else lag > 20
+
+
+@pytest.mark.parametrize("max_lag", [0, 3])
+def test_adpsgd_max_lag_bounds_how_far_ahead_of_a_slow_worker_the_others_run(
+        max_lag, synthetic, tmp_path):
+    """Worker 3 three times slower: unbounded (0), the others end 40 steps ahead of it;
+    with max_lag = 3 its ring neighbours stay within 3 steps of what it last said (a word
+    every max_lag / 2 steps), and worker 1, two hops away, within twice that."""
+    import bisect
+
+    result = sim_job(synthetic, tmp_path, {"name": "adpsgd", "max_lag": max_lag}, steps=60,
+                     **{"compute.slowdown": [1, 1, 1, 3]}).simulate(4)
+    rows = result.metrics()
+    slow = sorted(m["time"] for m in rows if m["rank"] == 3)  # when it finished each step
+    ahead = max(m["step"] - bisect.bisect_right(slow, m["time"]) for m in rows
+                if m["rank"] != 3)
+    assert ahead <= 2 * (max_lag + 1) if max_lag else ahead > 20

@@ -17,6 +17,9 @@
   from the answerer to the copy, and the answerer adds d while the requester subtracts it.
   The pair's sum is preserved exactly whatever the codec loses; with `none` the request
   carries the parameters themselves (no copies) and the exchange is the plain average.
+  Nobody waits for an exchange; a worker waits only when it is `max_lag` steps ahead of
+  what a neighbour last said of itself (a word every max_lag / 2 steps), as SGP bounds
+  its overlap (Assran et al. 2019): unbounded, real processes ran hundreds of steps apart.
 
 It drains at the last step: every answer still on the wire is taken in. Then, with
 `average_at_end` (the default), one all-reduce replaces every replica by the average, so the
@@ -34,7 +37,7 @@ import torch
 from fastsgd.compress.collectives import decode_buffer
 from fastsgd.compress.wire import pack
 from fastsgd.errors import UserError
-from fastsgd.options import Option
+from fastsgd.options import Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.gossip import END_OPTIONS, TOPOLOGY_OPTIONS, _OnGraph, edge_copy
 from fastsgd.strategies.params import assign, flatten
@@ -42,7 +45,8 @@ from fastsgd.transport.base import PeerLost
 
 Params = list[torch.nn.Parameter]
 PAIR = 22  # message tag (sgp's PUSH is 21)
-REQUEST, ANSWER = 0, 1  # the first byte of a PAIR message
+REQUEST, ANSWER, STEP = 0, 1, 2  # the first byte of a PAIR message
+MAX_LAG = 16  # steps a worker may run ahead of its neighbours (max_lag)
 
 
 class ADPSGD(_OnGraph):
@@ -53,11 +57,15 @@ class ADPSGD(_OnGraph):
     CARRIES_ON_REAL = True  # also on real processes: no collective while training
     REJOINS = ("exact",)  # a new worker may take a lost one's place (run.rejoin): joined
     OPTIONS = {**TOPOLOGY_OPTIONS,
-               "rotate": Option(bool, False, doc="rotate partners (GossipGraD)"), **END_OPTIONS}
+               "rotate": Option(bool, False, doc="rotate partners (GossipGraD)"),
+               "max_lag": Option(int, MAX_LAG, at_least(0), "at step k, first wait until "
+                                 "every neighbour is known to be at step k - max_lag "
+                                 "(0: never wait)"), **END_OPTIONS}
 
-    def __init__(self, rotate: bool = False, average_at_end: bool = True, **graph: Any):
+    def __init__(self, rotate: bool = False, max_lag: int = MAX_LAG,
+                 average_at_end: bool = True, **graph: Any):
         super().__init__(**graph)
-        self.rotate, self.average_at_end = rotate, average_at_end
+        self.rotate, self.max_lag, self.average_at_end = rotate, max_lag, average_at_end
 
     def check(self, world_size: int) -> None:
         topology = self.build(world_size)
@@ -75,12 +83,14 @@ class ADPSGD(_OnGraph):
         self._rank = ctx.transport.rank
         self._rng = random.Random(self._rank)
         # each process standing for a rank is known by the step it joined at (run.rejoin):
-        # requests are counted per process at both ends, so that the final drain waits only
-        # for those the processes there now sent and were sent
+        # requests and words of where a worker is (STEP) are counted per process at both
+        # ends, so that the final drain waits only for those the processes there now sent
         self._since = 0  # the step this process joined at (0: it started with the run)
-        self._asked: dict[tuple[int, int], int] = {}  # (rank, its process): requests sent
-        self._answered: dict[tuple[int, int], int] = {}  # (requester, its process): answered
+        self._asked: dict[tuple[int, int], int] = {}  # (rank, its process): requests, STEPs
+        self._answered: dict[tuple[int, int], int] = {}  # (sender, its process): taken in
         self._waiting_on: tuple[int, int] | None = None  # whose answer is due to this worker
+        self._heard: dict[int, int] = {}  # per neighbour: the latest step it is known at
+        self._floor: int | None = 0  # no wait for steps before this (max_lag)
         if self._codec.kind == "exact":  # no copies to keep
             return {"copies": {}}
         # every replica starts here: the pairs' copies of the requesters begin as this
@@ -90,8 +100,17 @@ class ADPSGD(_OnGraph):
         t = ctx.transport
         x = flatten(params)
         self._forget_lost(t)
+        lags = [0]  # how many steps ago each request taken in now was sent
         for src, m in t.poll(PAIR):
-            x = self._take(t, src, m, x, state)
+            x = self._take(t, src, m, x, state, ctx.step, lags)
+        if self.max_lag and (ctx.step % self._every == 0 or ctx.last_step):
+            for peer in self._neighbours(t, ctx.step):  # where this worker is, before it waits
+                t.post(_tagged(STEP, self._since, ctx.step, ctx.step, x.new_empty(0,
+                       dtype=torch.uint8)), peer, PAIR)
+                self._count(t, peer, ctx.step)
+        if self.max_lag and not ctx.last_step:
+            x = self._await_lagging(t, ctx.step, x, state, lags)
+        ctx.stats["staleness"] = max(lags)
         if ctx.last_step:
             x = self._drain(t, x, state, ctx.step)
             if self.average_at_end:
@@ -109,10 +128,14 @@ class ADPSGD(_OnGraph):
             copy = edge_copy(state, "copies", peer)
             payload = pack(self._codec.compress(x - copy))
             copy += decode_buffer(self._codec, payload, x, t.rank)
-        t.post(_tagged(REQUEST, self._since, payload), peer, PAIR)
+        t.post(_tagged(REQUEST, self._since, step, step, payload), peer, PAIR)
+        self._waiting_on = self._count(t, peer, step)
+
+    def _count(self, t, peer: int, step: int) -> tuple[int, int]:
+        """One more message `peer`'s process of now must take in before the end."""
         process = (peer, t.returned_at(peer, step))
         self._asked[process] = self._asked.get(process, 0) + 1
-        self._waiting_on = process
+        return process
 
     def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         """Before a checkpoint (every worker): answer every request and take every answer,
@@ -127,23 +150,30 @@ class ADPSGD(_OnGraph):
         self._asked, self._answered = _counts(saved["asked"]), _counts(saved["answered"])
         self._rng.setstate(saved["rng"])
         self._since = int(saved.get("since", 0))
+        self._heard, self._floor = {}, None  # from the step it resumes at
 
     def joined(self, step: int, params: Params) -> None:
         """This process took a lost worker's place at `step`, from another's state
         (run.rejoin): no exchange of its own is out, and it draws its own partners."""
         self._since, self._asked, self._answered, self._waiting_on = step, {}, {}, None
+        self._heard, self._floor = {}, step
         self._rng = random.Random(self._rank * 1_000_003 + step)
 
     def _forget_lost(self, t) -> None:
         if self._waiting_on is not None and self._waiting_on[0] in t.departed():
             self._waiting_on = None  # lost: its answer will never come
 
-    def _take(self, t, src: int, m: torch.Tensor, x: torch.Tensor,
-              state: dict[str, Any]) -> torch.Tensor:
+    def _take(self, t, src: int, m: torch.Tensor, x: torch.Tensor, state: dict[str, Any],
+              step: int, lags: list[int]) -> torch.Tensor:
         """A request: update the requester's copy, answer with d and add it. An answer:
         subtract d (answers from one peer come in the order of the requests, and a requester
-        has one exchange out at a time, so both ends update the copy in the same order)."""
-        codec, (kind, since, payload) = self._codec, _untagged(m)
+        has one exchange out at a time, so both ends update the copy in the same order).
+        `lags` gets how many steps ago the request was sent."""
+        codec, (kind, since, asked_at, at, payload) = self._codec, _untagged(m)
+        self._heard[src] = max(self._heard.get(src, -1), at)
+        if kind == STEP:
+            self._answered[src, since] = self._answered.get((src, since), 0) + 1
+            return x
         copy = None if codec.kind == "exact" else edge_copy(state, "copies", src)
         if kind == REQUEST:
             theirs = decode_buffer(codec, payload, x, src)
@@ -153,12 +183,14 @@ class ADPSGD(_OnGraph):
             d = decode_buffer(codec, answer, x, t.rank)
             if copy is not None:
                 copy -= d
-            t.post(_tagged(ANSWER, since, answer), src, PAIR)  # for the process that asked
+            t.post(_tagged(ANSWER, since, asked_at, step, answer), src, PAIR)  # to the asker
             self._answered[src, since] = self._answered.get((src, since), 0) + 1
+            lags.append(step - asked_at)
             return x + d
         if self._waiting_on is None or src != self._waiting_on[0] or since != self._since:
             return x  # the answer of an exchange given up (this worker thought src lost)
         self._waiting_on = None
+        lags.append(step - asked_at)
         d = decode_buffer(codec, payload, x, src)
         if copy is not None:
             copy -= d
@@ -181,7 +213,40 @@ class ADPSGD(_OnGraph):
                 src, m = t.wait_message(PAIR)
             except PeerLost:
                 continue
-            x = self._take(t, src, m, x, state)
+            x = self._take(t, src, m, x, state, step, [])
+
+    @property
+    def _every(self) -> int:
+        """Steps between a worker's words of where it is (max_lag)."""
+        return max(1, self.max_lag // 2)
+
+    def _neighbours(self, t, step: int) -> list[int]:
+        assert self.topology is not None
+        gone = t.absent(step) | set(t.departed())
+        near = set(self.topology.out_neighbors(t.rank, step))
+        near |= set(self.topology.in_neighbors(t.rank, step))
+        return sorted(p for p in near if p != t.rank and p not in gone)
+
+    def _await_lagging(self, t, step: int, x: torch.Tensor, state: dict[str, Any],
+                       lags: list[int]) -> torch.Tensor:
+        """Wait, answering and taking what comes meanwhile, until every neighbour still
+        there is known to be at step - max_lag: a bound on how far apart in steps the
+        replicas run. Unbounded, 4 real processes of the MLP ran 100-200 steps apart, the
+        slowest trained alone at the end and diverged, and the final average scored 10-55%
+        (1-2% in the simulator's equal-speed runs). Every worker says where it is every
+        max_lag / 2 steps, before it waits, so the slowest never waits."""
+        if self._floor is None:
+            self._floor = step
+        lagging = step - self.max_lag
+        while lagging >= self._floor:
+            if all(self._heard.get(p, -1) >= lagging for p in self._neighbours(t, lagging)):
+                break
+            try:
+                src, m = t.wait_message(PAIR)
+            except PeerLost:
+                continue  # counted out: asked again
+            x = self._take(t, src, m, x, state, step, lags)
+        return x
 
     def _partners(self, t, step: int) -> list[int]:
         """The odd neighbours this even rank may ask at `step`, those lost and not back
@@ -195,14 +260,17 @@ class ADPSGD(_OnGraph):
         return peers[step % len(peers)] if self.rotate else self._rng.choice(peers)
 
 
-def _tagged(kind: int, since: int, payload: torch.Tensor) -> torch.Tensor:
-    """A PAIR message: its kind, the step the requester's process joined at, the payload."""
-    header = torch.tensor([since], dtype=torch.int64).view(torch.uint8).to(payload.device)
-    return torch.cat([payload.new_tensor([kind]), header, payload])
+def _tagged(kind: int, since: int, asked_at: int, at: int,
+            payload: torch.Tensor) -> torch.Tensor:
+    """A PAIR message: its kind, the step the requester's process joined at and the step it
+    asked at (an answer echoes both), the step its sender is at, the payload."""
+    header = torch.tensor([since, asked_at, at], dtype=torch.int64).view(torch.uint8)
+    return torch.cat([payload.new_tensor([kind]), header.to(payload.device), payload])
 
 
-def _untagged(m: torch.Tensor) -> tuple[int, int, torch.Tensor]:
-    return int(m[0]), int(m[1:9].cpu().clone().view(torch.int64)), m[9:]
+def _untagged(m: torch.Tensor) -> tuple[int, int, int, int, torch.Tensor]:
+    since, asked_at, at = m[1:25].cpu().clone().view(torch.int64).tolist()
+    return int(m[0]), since, asked_at, at, m[25:]
 
 
 def _rows(counts: dict[tuple[int, int], int]) -> list[list[int]]:
