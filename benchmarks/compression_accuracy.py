@@ -31,7 +31,8 @@ BASE = {"optimizer.lr": 0.2, "optimizer.momentum": 0.0, "data.batch_size": 32}
 CODECS = {
     "none": {}, "fp16": {}, "bf16": {}, "onebit": {}, "sign": {}, "qsgd": {},
     "topk": {"compression.ratio": 0.01}, "randomk": {"compression.ratio": 0.1},
-    "dgc": {"compression.ratio": 0.001, "compression.warmup_steps": 400, "optimizer.lr": 0.02},
+    "dgc": {"compression.ratio": 0.001, "compression.momentum": 0.9,
+            "compression.warmup_steps": 400, "optimizer.lr": 0.02},
     "powersgd": {"compression.rank": 4},
 }
 STRATEGIES = {"allreduce": {}, "dpsgd": {"strategy.topology": "ring"},

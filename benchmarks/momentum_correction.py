@@ -21,7 +21,7 @@ from pathlib import Path
 from common import simulate
 
 CODECS = {"none": [], "onebit": [], "sign": [], "topk": [], "randomk": [], "powersgd": [],
-          "qsgd": ["compression.error_feedback=true"]}
+          "qsgd": ["compression.error_feedback=true"], "dgc": []}
 OPTIMIZERS = {"sgd": [], "adam": ["optimizer.name=adam", "optimizer.lr=0.001"]}
 BASE = ["model.name=mlp", "run.workers=4", "data.batch_size=32", "compute.model=fixed",
         "compute.step_time=1ms", "run.eval_every=0", "strategy.name=allreduce"]

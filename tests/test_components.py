@@ -79,7 +79,7 @@ def test_optimizer_is_recorded_as_its_class_and_defaults():
 def test_strategy_and_codec_objects_are_recorded_with_their_options():
     sections = record(strategy=fs.AllReduce(bucket_mb=4), compressor=TopK(ratio=0.05))
     assert sections["strategy"] == {"name": "allreduce", "bucket_mb": 4.0, "overlap": True,
-                                    "momentum_correction": "auto"}
+                                    "momentum_correction": "auto", "keep_residual": True}
     assert sections["compression"] == {"name": "topk", "ratio": 0.05, "error_feedback": True}
 
 
@@ -143,7 +143,7 @@ def test_custom_model_and_adam_rerun_from_the_cli_bitwise(tmp_path):
     assert recorded["optimizer"]["name"] == "torch.optim:Adam"
     assert recorded["optimizer"]["betas"] == [0.8, 0.99]
     assert recorded["strategy"] == {"name": "allreduce", "bucket_mb": 0.01, "overlap": True,
-                                    "momentum_correction": "auto"}
+                                    "momentum_correction": "auto", "keep_residual": True}
 
     proc = fastsgd("run", "--quiet", str(first.run_dir / "config.toml"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -167,7 +167,7 @@ def test_own_strategy_class_is_recorded_and_rebuilt(synthetic, tmp_path):
                    quiet=True, options=options).simulate(workers=2)
     recorded = cfg.load(first.run_dir / "config.toml")["strategy"]
     assert recorded == {"name": f"{__name__}:HalfBucketAllReduce", "bucket_mb": 0.5,
-                        "overlap": True, "momentum_correction": "auto"}
+                        "overlap": True, "momentum_correction": "auto", "keep_residual": True}
     again = fs.Job(config=first.run_dir / "config.toml", quiet=True).simulate()
     assert again.run_dir == tmp_path / "a-2"
     a = torch.load(first.run_dir / "model.pt", weights_only=True)

@@ -82,9 +82,11 @@ def test_a_codec_a_strategy_cannot_carry_is_refused_by_name(strategy, synthetic,
 
 
 def test_dgc_with_the_optimizer_momentum_too_is_refused(synthetic, tmp_path):
-    """DGC's momentum correction replaces the optimizer's momentum; both would diverge."""
+    """DGC's own momentum replaces the optimizer's; both would diverge. (By default dgc
+    leaves the momentum to the optimizer, and allreduce's correction compresses its update.)"""
     job = sim_job(synthetic, tmp_path, {"name": "allreduce"},
-                  **{"compression.name": "dgc", "optimizer.momentum": 0.9})
+                  **{"compression.name": "dgc", "compression.momentum": 0.9,
+                     "optimizer.momentum": 0.9})
     with pytest.raises(fs.UserError, match="set optimizer.momentum = 0"):
         job.simulate(2)
 

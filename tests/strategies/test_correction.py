@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import fastsgd as fs
 from fastsgd.compress import Identity, build_compressor
 from fastsgd.errors import UserError
 from fastsgd.strategies.correction import corrects, has_momentum
@@ -64,7 +65,8 @@ def test_adam_trains_through_onebit(synthetic, tmp_path):
 
 def test_correction_is_on_whenever_the_optimizer_has_momentum():
     p = [torch.nn.Parameter(torch.zeros(1))]
-    onebit, dgc = build_compressor({"name": "onebit"}), build_compressor({"name": "dgc"})
+    onebit = build_compressor({"name": "onebit"})
+    dgc = build_compressor({"name": "dgc", "momentum": 0.9})
     assert has_momentum(torch.optim.Adam(p)) and has_momentum(torch.optim.SGD(p, momentum=0.5))
     assert not has_momentum(torch.optim.SGD(p, lr=0.1))
     assert corrects("auto", torch.optim.SGD(p, momentum=0.9), onebit)
@@ -72,6 +74,8 @@ def test_correction_is_on_whenever_the_optimizer_has_momentum():
     assert not corrects("off", torch.optim.Adam(p), onebit)
     assert not corrects("on", torch.optim.Adam(p), Identity())  # nothing lost, nothing to do
     assert not corrects("on", torch.optim.SGD(p, lr=0.1), dgc)  # DGC corrects by itself
+    # by default dgc leaves the momentum to the optimizer, and its update is compressed
+    assert corrects("auto", torch.optim.SGD(p, momentum=0.9), build_compressor({"name": "dgc"}))
     powersgd = build_compressor({"name": "powersgd"})  # its own paper: momentum after
     assert not corrects("auto", torch.optim.SGD(p, momentum=0.9), powersgd)
     assert corrects("on", torch.optim.SGD(p, momentum=0.9), powersgd)
@@ -83,3 +87,46 @@ def test_correction_asked_for_without_momentum_is_refused_by_name(synthetic, tmp
     with pytest.raises(UserError, match="strategy.momentum_correction = 'on' but the "
                                         "optimizer \\(SGD\\) has no momentum"):
         job.simulate(2)
+
+
+def _unsent_and_params(synthetic, codec: str, keep: bool, steps: int = 6):
+    """Per worker of two, after `steps` corrected steps: its parameters (flat) and what its
+    codec has held back so far, per bucket in the strategy's order."""
+    from fastsgd.compress.collectives import unsent
+    from fastsgd.transport.sim import simulate
+
+    def worker(t):
+        torch.manual_seed(0)
+        model = fs.models.build_model("mlp", synthetic.input_shape, synthetic.num_classes)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        strategy = fs.AllReduce(keep_residual=keep)
+        replica = fs.Replica(model, t, strategy, codec, optimizer=optimizer)
+        for step in range(steps):
+            rows = slice((2 * step + t.rank) * 16, (2 * step + t.rank + 1) * 16)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(synthetic.train_x[rows]),
+                                                     synthetic.train_y[rows])
+            loss.backward()
+            replica.sync_gradients()
+            optimizer.step()
+            replica.sync_parameters()
+        buckets = strategy._buckets
+        held = [unsent(replica.ctx.compressor, s, b.flat)
+                for b, s in zip(buckets, replica.state["codec"])]
+        return [b.gather_params() for b in buckets], held
+
+    return simulate(2, worker)
+
+
+@pytest.mark.parametrize("codec", [{"name": "randomk"}, {"name": "onebit"}, {"name": "dgc"},
+                                   {"name": "qsgd", "error_feedback": True}])
+def test_kept_residuals_are_all_that_sets_the_workers_apart(codec, synthetic):
+    """keep_residual (CSER's bifurcated models, Xie et al. 2020): each worker's parameters
+    are the shared ones plus what its own codec has not sent yet; without it, one model."""
+    kept = _unsent_and_params(synthetic, build_compressor(codec), True)
+    (params_a, held_a), (params_b, held_b) = kept
+    for pa, pb, ha, hb in zip(params_a, params_b, held_a, held_b):
+        assert ha.abs().max() > 0 and not torch.equal(pa, pb)
+        assert torch.allclose(pa - ha, pb - hb, atol=1e-6)
+    (params_a, _), (params_b, _) = _unsent_and_params(synthetic, build_compressor(codec), False)
+    assert all(torch.equal(pa, pb) for pa, pb in zip(params_a, params_b))

@@ -74,6 +74,10 @@ class Codec(Configurable, ABC, section="compression"):
         state["residual"] = target - self.decode(payload, target)
         return payload
 
+    def held_back(self, state: dict[str, Any]) -> torch.Tensor | None:
+        """What earlier encodes have not sent yet (flat); None: this codec keeps nothing."""
+        return state.get("residual")
+
     @abstractmethod
     def compress(self, tensor: torch.Tensor) -> Payload: ...
 

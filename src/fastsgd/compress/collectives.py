@@ -30,6 +30,20 @@ def init_all_reduce(codec: Compressor, like: torch.Tensor, world_size: int) -> d
             "gather": codec.init(chunk)}
 
 
+def unsent(codec: Compressor, state: dict[str, Any], like: torch.Tensor) -> torch.Tensor | None:
+    """What of this worker's own tensor its codec has held back so far (flat, like's size):
+    the error-feedback residual of its encode, or of its chunks' encodes in a compressed
+    reduce-scatter; None where the codec keeps none. (The residual of a reduced chunk's
+    re-encode in the all-gather belongs to the mean, not to this worker.)"""
+    held_back = getattr(codec, "held_back", None)
+    if held_back is None:
+        return None
+    if codec.kind == "quantize":
+        parts = [held_back(s) for s in state["scatter"]]
+        return None if None in parts else torch.cat(parts)[:like.numel()]
+    return held_back(state)
+
+
 def all_reduce_mean(tensor: torch.Tensor, codec: Compressor, state: dict[str, Any],
                     transport: Transport) -> torch.Tensor:
     """The mean over workers of `tensor`, moved in the codec's compressed form; every worker

@@ -3,13 +3,16 @@ workers cannot be summed on the wire, so collectives gather them (collectives.py
 
 - `topk`: the `ratio` (2%) largest magnitudes, error feedback (Stich et al. 2018; Aji &
   Heafield 2017).
-- `randomk`: `ratio` of the elements at random, error feedback; the indices are not sent, only
-  the seed they are drawn from (8 bytes).
+- `randomk`: `ratio` (2%) of the elements at random, error feedback; the indices are not
+  sent, only the seed they are drawn from (8 bytes).
 - `dgc`: Deep Gradient Compression (Lin et al. 2018): local gradient clipping, momentum
   correction (the velocity, not the gradient, is accumulated and sparsified), momentum-factor
   masking (sent coordinates restart their velocity), and sparsity warm-up (the density falls
-  exponentially from 25% to `ratio` over `warmup_steps`). The codec carries the momentum:
-  use it with an optimizer without momentum.
+  exponentially from 25% to `ratio` over `warmup_steps`). By default (`momentum = 0`) the
+  momentum is the optimizer's: allreduce's momentum correction accumulates and sends the
+  optimizer's update, which is DGC's velocity times -lr (strategies/correction.py), so the
+  user's settings carry over; `momentum > 0` has the codec carry it, as in the paper, for an
+  optimizer without momentum.
 """
 
 from __future__ import annotations
@@ -60,10 +63,10 @@ class RandomK(Codec):
     name = "randomk"
     kind = "sparse"
     FIELDS = ["seed", "values"]
-    OPTIONS = {"ratio": Option(float, 0.01, unit_ratio, "fraction of elements sent"),
+    OPTIONS = {"ratio": Option(float, 0.02, unit_ratio, "fraction of elements sent"),
                "error_feedback": Option(bool, True, doc="carry what was not sent to the next")}
 
-    def __init__(self, ratio: float = 0.01, error_feedback: bool = True):
+    def __init__(self, ratio: float = 0.02, error_feedback: bool = True):
         self.ratio, self.error_feedback = ratio, error_feedback
 
     def compress(self, tensor: torch.Tensor) -> Payload:
@@ -92,12 +95,14 @@ class DGC(Codec):
     kind = "sparse"
     FIELDS = ["indices", "values"]
     OPTIONS = {"ratio": Option(float, 0.001, unit_ratio, "final fraction of elements sent"),
-               "momentum": Option(float, 0.9, between(0, 0.999), "momentum correction"),
+               "momentum": Option(float, 0.0, between(0, 0.999), "the codec's own momentum "
+                                  "(0: the optimizer's, which allreduce's momentum correction "
+                                  "compresses)"),
                "clip": Option(float, 0.0, at_least(0), "local gradient norm clip (0: off)"),
                "warmup_steps": Option(int, 0, at_least(0), "steps of sparsity warm-up")}
     START_DENSITY = 0.25  # Lin et al.: 75% sparsity in the first warm-up epoch
 
-    def __init__(self, ratio: float = 0.001, momentum: float = 0.9, clip: float = 0.0,
+    def __init__(self, ratio: float = 0.001, momentum: float = 0.0, clip: float = 0.0,
                  warmup_steps: int = 0):
         self.ratio, self.momentum, self.clip, self.warmup = ratio, momentum, clip, warmup_steps
 
@@ -105,6 +110,9 @@ class DGC(Codec):
         zeros = torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
         return {"velocity": zeros, "accumulated": zeros.clone(),
                 "step": torch.zeros((), dtype=torch.int64)}
+
+    def held_back(self, state: dict[str, Any]) -> torch.Tensor:
+        return state["accumulated"]
 
     def density(self, step: int) -> float:
         if step >= self.warmup or self.ratio >= self.START_DENSITY:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fastsgd.compress.collectives import all_reduce_means, init_all_reduce
+from fastsgd.compress.collectives import all_reduce_means, init_all_reduce, unsent
 from fastsgd.options import Configurable, Option, one_of, positive
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.correction import MODES, corrects
@@ -82,16 +82,20 @@ class AllReduce(Configurable, section="strategy"):
         "momentum_correction": Option(str, "auto", one_of(MODES), "a lossy codec carries the "
                                       "optimizer's update, not the gradient (auto: if it has "
                                       "momentum)"),
+        "keep_residual": Option(bool, True, doc="under momentum correction, each worker's "
+                                "parameters keep what its codec has not sent yet (CSER)"),
     }
 
     def __init__(self, bucket_mb: float = 25.0, overlap: bool = True,
-                 momentum_correction: str = "auto"):
+                 momentum_correction: str = "auto", keep_residual: bool = True):
         self.bucket_bytes = int(bucket_mb * 2**20)
+        self.keep_residual = keep_residual
         self.overlap = overlap
         self.momentum_correction = momentum_correction
         self._buckets: list[_Bucket] = []
         self._hooks: list[Any] = []
         self._start: list[torch.Tensor] | None = None  # corrected: parameters before the step
+        self._held: list[torch.Tensor | None] = []  # kept residual: the codec's, before it
 
     def init(self, params: list[torch.nn.Parameter], ctx: Context) -> dict[str, Any]:
         self.close()
@@ -105,6 +109,7 @@ class AllReduce(Configurable, section="strategy"):
         if lossy:
             n = ctx.transport.world_size
             self._corrected = corrects(self.momentum_correction, ctx.optimizer, ctx.compressor)
+            self._keeps = self._corrected and self.keep_residual
             return {"codec": [init_all_reduce(ctx.compressor, b.flat, n) for b in self._buckets]}
         if self.overlap:
             for bucket in self._buckets:
@@ -126,6 +131,9 @@ class AllReduce(Configurable, section="strategy"):
                      ctx: Context) -> None:
         if "codec" in state and self._corrected:  # the update moves after the step
             self._start = [bucket.gather_params() for bucket in self._buckets]
+            if self._keeps:
+                self._held = [_clone(unsent(ctx.compressor, s, b.flat))
+                              for b, s in zip(self._buckets, state["codec"])]
             return
         if "codec" in state:  # each layer encoded alone, all layers moved together
             for bucket in self._buckets:
@@ -146,7 +154,7 @@ class AllReduce(Configurable, section="strategy"):
                       ctx: Context) -> None:
         """Buffers are averaged. Momentum correction: every worker restarts from the shared
         parameters plus the mean of the changes its peers' optimizer steps made, moved by the
-        codec."""
+        codec, plus (keep_residual) what its own codec has held back so far."""
         if self._buffers:
             flat = torch.cat([b.reshape(-1) for b in self._buffers])
             ctx.transport.all_reduce(flat)
@@ -157,6 +165,11 @@ class AllReduce(Configurable, section="strategy"):
             return
         changes = [b.gather_params() - start for b, start in zip(self._buckets, self._start)]
         means = all_reduce_means(changes, ctx.compressor, state["codec"], ctx.transport)
+        for start, held, codec, like in zip(self._start, self._held, state["codec"], changes):
+            now = unsent(ctx.compressor, codec, like)  # held back, this step's included
+            if held is not None and now is not None:
+                start.add_(now).sub_(held)
+        self._held = []
         with torch.no_grad():
             for bucket, start, mean in zip(self._buckets, self._start, means):
                 for p, view in zip(bucket.params, start.add_(mean).split(
@@ -168,6 +181,10 @@ class AllReduce(Configurable, section="strategy"):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+
+def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.clone()
 
 
 def _group(params: list[torch.nn.Parameter], limit: int) -> list[list[torch.nn.Parameter]]:

@@ -16,10 +16,21 @@ feedback, and every worker applies the mean change from the shared starting poin
 - Adam: the mean of the workers' Adam steps, each preconditioned by its own second moment
   (Adam's update, compressed as 1-bit Adam compresses its momentum after freezing the
   variance, Tang et al. 2021; here the variance is each worker's own and never frozen).
-- A codec that applies momentum itself (DGC) keeps compressing the gradient, and so does
+- A codec that applies momentum itself (dgc with `compression.momentum > 0`; by default dgc
+  leaves it to the optimizer and sends its update) keeps compressing the gradient, as does
   PowerSGD under `auto`: its warm-started power iteration tracks the slowly changing gradient
   and its paper pairs error feedback on gradients with momentum after the all-reduce (Vogels
   et al. 2019); measured, gradients 86.65% against updates 85.39% (docs/compression.md).
+
+What the codec holds back stays in the worker's own parameters (`keep_residual`, on by
+default): each worker holds the shared parameters plus its own residual, the bifurcated local
+models of CSER (Xie et al. 2020, without its periodic reset), and their mean is the virtual
+iterate of error feedback, which moves by exactly the mean of the workers' updates. Without
+it, a coordinate held back does not move on any worker, so its gradient and its momentum do
+not change; the momentum saturates at g / (1 - beta) and the residual grows by that much
+every step until the coordinate is sent. Random-k holds a coordinate back for d/k steps on
+average and diverged at every ratio tried; with the residual kept, its own worker keeps
+training on it, as local SGD does, and the burst it sends is an average, not an overshoot.
 """
 
 from __future__ import annotations
