@@ -143,6 +143,25 @@ def test_builtin_dataset_sizes() -> None:
     assert len(torch.unique(synth.train_y)) == 10
 
 
+def test_digits_are_scikit_learns_read_without_importing_it() -> None:
+    """The file scikit-learn ships, read as its `load_digits` reads it, without importing
+    scikit-learn (seconds of scipy in every process that starts a run)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from fastsgd.data import load_dataset; load_dataset('digits'); "
+            "print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+    from sklearn.datasets import load_digits
+
+    rows = data._digits_rows()
+    digits = load_digits()
+    assert np.array_equal(rows[:, :-1].reshape(-1, 8, 8), digits.images)
+    assert np.array_equal(rows[:, -1], digits.target)
+
+
 def _toy(n: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.arange(n, dtype=torch.float32).reshape(n, 1, 1, 1)
     return x, torch.arange(n)

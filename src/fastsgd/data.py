@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import importlib.util
 import math
 import zlib
 from collections.abc import Iterator
@@ -184,13 +185,27 @@ def _random_split(
 
 def _load_digits(seed: int) -> Dataset:
     """scikit-learn's 8x8 digits, split 80/20 deterministically by `seed`."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = torch.from_numpy(digits.images.astype(np.float32)).unsqueeze(1)
-    y = torch.from_numpy(digits.target.astype(np.int64))
+    rows = _digits_rows()
+    x = torch.from_numpy(rows[:, :-1].astype(np.float32)).view(-1, 1, 8, 8)
+    y = torch.from_numpy(rows[:, -1].astype(np.int64))
     train, test = _random_split(x, y, round(0.2 * len(x)), seed)
     return _make_dataset("digits", train, test)
+
+
+def _digits_rows() -> np.ndarray:
+    """The digits file scikit-learn ships (64 pixels and the label per row, as its
+    `load_digits` reads it), read without importing scikit-learn, which takes seconds
+    (scipy.stats) in every process that starts a run."""
+    spec = importlib.util.find_spec("sklearn")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt") as f:
+                return np.loadtxt(f, delimiter=",")
+    from sklearn.datasets import load_digits  # elsewhere: scikit-learn's own reader
+
+    digits = load_digits()
+    return np.hstack([digits.data, digits.target[:, None]])
 
 
 def _load_synthetic(seed: int, n_train: int = 2048, n_test: int = 512) -> Dataset:
