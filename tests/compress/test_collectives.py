@@ -37,7 +37,8 @@ def true_mean(step: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("name, options, fraction", [
     ("onebit", {}, 1 / 24), ("sign", {}, 1 / 28), ("topk", {"ratio": 0.01}, 1 / 20),
-    ("dgc", {"ratio": 0.001}, 1 / 200), ("fp16", {}, 1 / 2 + 1e-3), ("powersgd", {}, 1 / 25),
+    ("dgc", {"ratio": 0.001}, 1 / 200), ("fp16", {}, 1 / 2 + 1e-3),
+    ("powersgd", {"rank": 4}, 1 / 25), ("powersgd", {}, 1 / 12.5),
 ])
 def test_network_bytes_per_step_shrink_by_the_codec_factor(name, options, fraction):
     uncompressed = ring_allreduce_bytes(FP32, WORKERS)

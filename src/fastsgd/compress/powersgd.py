@@ -29,11 +29,11 @@ class PowerSGD(Codec):
     name = "powersgd"
     kind = "lowrank"
     FIELDS = ["p", "q"]
-    OPTIONS = {"rank": Option(int, 4, at_least(1), "rank of the approximation"),
+    OPTIONS = {"rank": Option(int, 8, at_least(1), "rank of the approximation"),
                "seed": Option(int, 0, doc="seed of the first Q (the same on every worker)")}
     error_feedback = True
 
-    def __init__(self, rank: int = 4, seed: int = 0):
+    def __init__(self, rank: int = 8, seed: int = 0):
         self.rank, self.seed = rank, seed
 
     def init(self, like: torch.Tensor) -> dict[str, Any]:
