@@ -34,9 +34,10 @@ def unsent(codec: Compressor, state: dict[str, Any], like: torch.Tensor) -> torc
     """What of this worker's own tensor its codec has held back so far (flat, like's size):
     the error-feedback residual of its encode, or of its chunks' encodes in a compressed
     reduce-scatter; None where the codec keeps none. (The residual of a reduced chunk's
-    re-encode in the all-gather belongs to the mean, not to this worker.)"""
+    re-encode in the all-gather belongs to the mean, not to this worker, and so does
+    PowerSGD's: the worker's matrix less the group's approximation.)"""
     held_back = getattr(codec, "held_back", None)
-    if held_back is None:
+    if held_back is None or codec.kind == "lowrank":
         return None
     if codec.kind == "quantize":
         parts = [held_back(s) for s in state["scatter"]]
