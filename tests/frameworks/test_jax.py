@@ -184,12 +184,12 @@ def test_every_strategy_trains_a_jax_model(strategy, codec, tmp_path):
     assert job.simulate().accuracy > 0.8
 
 
-def _accuracies(mode, out, *, parallel):
+def _accuracies(mode, out, strategies, *, parallel):
     """{framework: {strategy: accuracy}} of the MLP in PyTorch and in JAX (2 workers, 1500
     steps on Fashion-MNIST), each framework in a process of its own."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     commands = {f: [sys.executable, str(SCRIPT), f, mode, "1500", "2", str(out / f),
-                    "allreduce", "dpsgd", "sgp"] for f in ("torch", "jax")}
+                    *strategies] for f in ("torch", "jax")}
     out = {}
     procs = {f: subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  env=env) for f, c in commands.items()} if parallel else {}
@@ -209,7 +209,10 @@ def _accuracies(mode, out, *, parallel):
 # for PyTorch over 4 runs each).
 @pytest.mark.parametrize("mode", ["simulate", pytest.param("run", marks=pytest.mark.multiproc)])
 def test_the_same_mlp_in_jax_and_pytorch_reaches_the_same_accuracy(mode, tmp_path):
-    found = _accuracies(mode, tmp_path, parallel=mode == "simulate")  # real: one at a time
+    # real: one at a time, and without dpsgd, which is deterministic and equals the simulated
+    # run checked above (as allreduce does; sgp is the one that varies on real processes)
+    strategies = ["allreduce", "dpsgd", "sgp"] if mode == "simulate" else ["allreduce", "sgp"]
+    found = _accuracies(mode, tmp_path, strategies, parallel=mode == "simulate")
     for strategy, accuracy in found["torch"].items():
         assert accuracy > 0.83, found
         assert abs(found["jax"][strategy] - accuracy) <= 0.01, found
