@@ -88,7 +88,7 @@ def test_correction_asked_for_without_momentum_is_refused_by_name(synthetic, tmp
         job.simulate(2)
 
 
-def _unsent_and_params(synthetic, codec: str, keep: bool, steps: int = 6):
+def _unsent_and_params(synthetic, codec, keep: bool, steps: int = 6):
     """Per worker of two, after `steps` corrected steps: its parameters (flat) and what its
     codec has held back so far, per bucket in the strategy's order."""
     from fastsgd.compress.collectives import unsent
