@@ -190,7 +190,8 @@ def _losses(run_dir: Path) -> list[tuple]:
 def test_real_processes_resume_bitwise_after_kill_9(tmp_path, strategy, codec):
     common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "run.workers=2",
               "--set", "run.steps=100", "--set", "run.checkpoint_every=50", "--set",
-              f"strategy.name={strategy}", "--set", f"compression.name={codec}", "--quiet"]
+              f"strategy.name={strategy}", "--set", f"compression.name={codec}", "--quiet",
+              "--no-report"]
     straight = _cli("run", *common, "--set", f"run.out={tmp_path / 'a'}")
     assert straight.returncode == 0, straight.stderr[-3000:]
     killed = _cli("run", *common, "--set", f"run.out={tmp_path / 'b'}", "--set",
@@ -199,7 +200,7 @@ def test_real_processes_resume_bitwise_after_kill_9(tmp_path, strategy, codec):
     assert "killed by signal 9 (SIGKILL)" in killed.stderr
     assert f"fastsgd run --resume {tmp_path / 'b'}" in killed.stderr
     assert "Traceback" not in killed.stderr
-    resumed = _cli("run", "--resume", str(tmp_path / "b"), "--quiet")
+    resumed = _cli("run", "--resume", str(tmp_path / "b"), "--quiet", "--no-report")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
@@ -230,9 +231,10 @@ def test_a_complete_run_resumes_only_to_train_longer(tmp_path):
 def test_real_asynchronous_strategies_resume_after_kill_9(tmp_path, strategy):
     common = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "run.workers=3",
               "--set", "run.steps=30", "--set", "run.checkpoint_every=10", "--set",
-              f"strategy.name={strategy}", "--set", f"run.out={tmp_path / 'run'}", "--quiet"]
+              f"strategy.name={strategy}", "--set", f"run.out={tmp_path / 'run'}", "--quiet",
+              "--no-report"]
     assert _cli("run", *common, "--set", "run.on_failure=stop", kill=10).returncode == 1
-    resumed = _cli("run", "--resume", str(tmp_path / "run"), "--quiet")
+    resumed = _cli("run", "--resume", str(tmp_path / "run"), "--quiet", "--no-report")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = fs.Result(None, tmp_path / "run").metrics()
     assert sorted({m["step"] for m in summary}) == list(range(1, 31))

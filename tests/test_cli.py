@@ -64,11 +64,24 @@ def fastsgd(*args, cwd=None):
     (["simulate", "--set", "strategy.momentum_correction=yes"],
      "strategy.momentum_correction must be one of"),
 ])
-def test_bad_input_is_one_line(args, culprit):
-    proc = fastsgd(*args)
+def test_bad_input_is_one_line(args, culprit, capsys):
+    """In this process (the CLI's entry point, 2 s less per case than a new interpreter);
+    the case below checks one end to end."""
+    from fastsgd.cli import main
+
+    assert main(args) == 2
+    _one_line(capsys.readouterr().err, culprit)
+
+
+def test_bad_input_is_one_line_from_a_new_process():
+    proc = fastsgd("run", "--set", "model.name=vgg99")
     assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    _one_line(proc.stderr, "model.name")
+
+
+def _one_line(stderr: str, culprit: str) -> None:
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fastsgd: error:") and culprit in lines[0]
 
 
@@ -89,6 +102,18 @@ def test_simulate_prints_a_report(tmp_path):
     assert str(tmp_path / "r") in proc.stdout and proc.stderr == ""
     page = tmp_path / "r" / "report" / "report.html"  # the run's own small report
     assert f"report         {page}" in proc.stdout and page.stat().st_size > 10_000
+
+
+def test_no_report_leaves_the_report_out(tmp_path, capsys):
+    from fastsgd.cli import main
+
+    out = tmp_path / "r"
+    assert main(["simulate", "--quiet", "--no-report", "--set", "data.name=synthetic",
+                 "--set", "model.name=mlp", "--set", "run.steps=5",
+                 "--set", f"run.out={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert "test accuracy" in printed and printed.rstrip().endswith(str(out))
+    assert "report " not in printed and not (out / "report").exists()
 
 
 def test_topology_command_prints_and_draws(tmp_path):

@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
                            help="continue RUN_DIR from its newest checkpoint "
                                 "(run.checkpoint_every), with its config.toml")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument("--no-report", dest="report", action="store_false",
+                       help="skip the run's own report/ (about 1.5 s of plotting; "
+                            "`fastsgd report RUN_DIR` draws it later)")
         if name != "demo":
             p.add_argument("--data", default=None, metavar="NAME|FOLDER",
                            help="the dataset: a name (fashion_mnist, digits...) or a folder of "
@@ -215,9 +218,10 @@ def _dispatch(args: argparse.Namespace) -> int:
               file=sys.stderr)
     result = job.simulate() if args.command == "simulate" else job.run()
     if result.summary is not None:
-        page = write_run_report(result.run_dir)
         *lines, last = text_report(result.run_dir).splitlines()
-        print("\n".join([*lines, f"report         {page}", last]))  # the folder stays last
+        if args.report:
+            lines.append(f"report         {write_run_report(result.run_dir)}")
+        print("\n".join([*lines, last]))  # the folder stays last
     return 0
 
 

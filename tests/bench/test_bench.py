@@ -92,6 +92,7 @@ def test_a_bench_runs_reports_and_resumes(tmp_path, capsys):
     assert main(["bench", str(spec), "--out", str(out), "--jobs", "2", "--quiet"]) == 0
     labels = json.loads((out / "cells" / "labels.json").read_text())
     assert len(labels) == 3 and all((out / "cells" / i / "summary.json").is_file() for i in labels)
+    assert not any((out / "cells" / i / "report").exists() for i in labels)  # one report: below
     markdown = (out / "report" / "report.md").read_text()
     assert "## Over seeds" in markdown and "| strategy.name=dpsgd | 3 |" in markdown
     before = {i: (out / "cells" / i / "summary.json").stat().st_mtime_ns for i in labels}

@@ -20,7 +20,7 @@ def _run(out, strategy, **env_vars):
     if topology:
         sets["strategy.topology"] = topology
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--quiet", *args],
+    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--quiet", "--no-report", *args],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **env_vars})
 

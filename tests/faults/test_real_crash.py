@@ -32,7 +32,7 @@ def _run(out, strategy, every=20, extra=(), **env_vars):
             "run.out": str(out)}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     args += [a for item in extra for a in ("--set", item)]
-    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--quiet", *args],
+    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--quiet", "--no-report", *args],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **env_vars})
 

@@ -21,7 +21,7 @@ def _run(out, strategy="sgp", **env_vars):
             "run.eval_every": EVAL_EVERY, "strategy.name": name, "run.rejoin": "true",
             "run.out": str(out), **({"strategy.topology": topology} if topology else {})}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--quiet", *args],
+    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--quiet", "--no-report", *args],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **env_vars})
 

@@ -21,7 +21,7 @@ def _run(out, model="mlp", steps=STEPS, kill=None, **sets):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if kill:
         env["FASTSGD_TEST_KILL"] = kill
-    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--quiet", *args],
+    return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--quiet", "--no-report", *args],
                           capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -124,7 +124,8 @@ def straight(tmp_path_factory):
 def _resume(out, *sets):
     args = [a for item in sets for a in ("--set", item)]
     return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--resume", str(out),
-                           "--quiet", *args], capture_output=True, text=True, timeout=300,
+                           "--quiet", "--no-report", *args], capture_output=True, text=True,
+                          timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 

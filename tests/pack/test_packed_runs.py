@@ -91,7 +91,8 @@ def test_the_archive_holds_nothing_of_the_source(packed_away):
 @pytest.mark.multiproc
 def test_a_packed_job_trains_elsewhere_without_its_source(packed_away, tmp_path):
     archive, source_run = packed_away
-    _fastsgd("run", str(archive), "--quiet", "--set", "run.out=packed-run", cwd=tmp_path)
+    _fastsgd("run", str(archive), "--quiet", "--no-report", "--set", "run.out=packed-run",
+             cwd=tmp_path)
     assert _same(_params(source_run), _params(tmp_path / "packed-run"))
 
 
@@ -113,7 +114,7 @@ def test_lenet_with_dpsgd_packed_from_a_config_trains_bitwise(tmp_path):
     (tmp_path / "lenet.toml").write_text(
         '[run]\nworkers = 2\nsteps = 24\neval_every = 24\n[data]\nname = "digits"\n'
         '[model]\nname = "lenet"\n[strategy]\nname = "dpsgd"\n')
-    _fastsgd("run", "lenet.toml", "--quiet", "--set", "run.out=source", cwd=tmp_path)
+    _fastsgd("run", "lenet.toml", "--quiet", "--no-report", "--set", "run.out=source", cwd=tmp_path)
     _fastsgd("pack", "lenet.toml", cwd=tmp_path)
-    _fastsgd("run", "lenet.fsj", "--quiet", "--set", "run.out=packed", cwd=tmp_path)
+    _fastsgd("run", "lenet.fsj", "--quiet", "--no-report", "--set", "run.out=packed", cwd=tmp_path)
     assert _same(_params(tmp_path / "source"), _params(tmp_path / "packed"))

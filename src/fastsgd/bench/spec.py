@@ -62,7 +62,7 @@ def command(mode: str, spec: Path, out: Path) -> list[str]:
     if mode == "hosts":
         return [sys.executable, "-m", "fastsgd.bench.hosts", str(spec), "--out", str(out)]
     return [sys.executable, "-m", "fastsgd", mode, str(spec), "--quiet", "--overwrite",
-            "--set", f"run.out={out}"]
+            "--no-report", "--set", f"run.out={out}"]  # the bench reports on them all
 
 
 def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any]]]:
