@@ -116,24 +116,30 @@ def test_no_report_leaves_the_report_out(tmp_path, capsys):
     assert "report " not in printed and not (out / "report").exists()
 
 
-def test_topology_command_prints_and_draws(tmp_path):
+def test_topology_command_prints_and_draws(tmp_path, capsys):
+    from fastsgd.cli import main
+
     png = tmp_path / "torus.png"
-    proc = fastsgd("topology", "torus", "--workers", "16", "--png", str(png))
-    assert proc.returncode == 0, proc.stderr
-    assert "spectral gap" in proc.stdout and png.stat().st_size > 1000
-    assert proc.stdout.count(":") >= 16  # one line per worker
+    assert main(["topology", "torus", "--workers", "16", "--png", str(png)]) == 0
+    printed = capsys.readouterr().out
+    assert "spectral gap" in printed and png.stat().st_size > 1000
+    assert printed.count(":") >= 16  # one line per worker
 
 
-def test_topology_command_bad_shape():
-    proc = fastsgd("topology", "torus", "--workers", "7")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+def test_topology_command_bad_shape(capsys):
+    from fastsgd.cli import main
+
+    assert main(["topology", "torus", "--workers", "7"]) == 2
+    _one_line(capsys.readouterr().err, "7")
 
 
-def test_set_without_equals_says_the_right_form():
-    proc = fastsgd("run", "--set", "run.workers", "4")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == ("fastsgd: error: --set run.workers: write KEY=VALUE as one "
-                                   "word, e.g. --set run.workers=4")
+def test_set_without_equals_says_the_right_form(capsys):
+    from fastsgd.cli import main
+
+    assert main(["run", "--set", "run.workers", "4"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fastsgd: error: --set run.workers: write KEY=VALUE as one word, e.g. "
+        "--set run.workers=4")
 
 
 def test_version():
@@ -152,11 +158,12 @@ def test_run_help_points_to_the_keys_and_keys_lists_them():
         assert text in proc.stdout
 
 
-def test_topology_custom_from_the_command_line(tmp_path):
-    proc = fastsgd("topology", "custom", "--workers", "4", "--edges", "0-1,1-2,2-3,3-0",
-                   "--png", str(tmp_path / "c.png"))
-    assert proc.returncode == 0, proc.stderr
-    assert "spectral gap" in proc.stdout
+def test_topology_custom_from_the_command_line(tmp_path, capsys):
+    from fastsgd.cli import main
+
+    assert main(["topology", "custom", "--workers", "4", "--edges", "0-1,1-2,2-3,3-0",
+                 "--png", str(tmp_path / "c.png")]) == 0
+    assert "spectral gap" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, culprit", [
@@ -164,18 +171,23 @@ def test_topology_custom_from_the_command_line(tmp_path):
     (["topology", "custom", "--workers", "4", "--edges", "0-1,1-x"], "--edges"),
     (["topology", "torus", "--workers", "8", "--rows", "3"], "--rows 3"),
 ])
-def test_topology_errors_name_the_flag(args, culprit):
-    proc = fastsgd(*args)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert culprit in proc.stderr and "strategy." not in proc.stderr
+def test_topology_errors_name_the_flag(args, culprit, capsys):
+    from fastsgd.cli import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    _one_line(err, culprit)
+    assert "strategy." not in err
 
 
-def test_report_grammar(tmp_path):
-    proc = fastsgd("simulate", "--quiet", "--set", "data.name=synthetic", "--set",
-                   "model.name=mlp", "--set", "run.steps=1", "--set", "run.workers=1",
-                   "--set", f"run.out={tmp_path / 'r'}")
-    assert proc.returncode == 0, proc.stderr
-    assert "| 1 worker | 1 step (" in proc.stdout and "1 evaluation (" in proc.stdout
+def test_report_grammar(tmp_path, capsys):
+    from fastsgd.cli import main
+
+    assert main(["simulate", "--quiet", "--no-report", "--set", "data.name=synthetic", "--set",
+                 "model.name=mlp", "--set", "run.steps=1", "--set", "run.workers=1",
+                 "--set", f"run.out={tmp_path / 'r'}"]) == 0
+    printed = capsys.readouterr().out
+    assert "| 1 worker | 1 step (" in printed and "1 evaluation (" in printed
 
 
 def test_readme_links_stay_inside_the_repository():

@@ -1,8 +1,10 @@
-"""Bad simulator input ends in one line naming the key or file (and line), exit code 2."""
+"""Bad simulator input ends in one line naming the key or file (and line), exit code 2
+(through the CLI's entry point in this process: tests/test_cli.py runs one case end to end)."""
 
 import pytest
 
-from tests.test_cli import fastsgd
+from fastsgd.cli import main
+from tests.test_cli import _one_line
 
 SMALL = ["--set", "data.name=synthetic", "--set", "model.name=mlp", "--set", "run.steps=2",
          "--set", "run.workers=4", "--quiet"]
@@ -42,19 +44,22 @@ TRACES = [
 ]
 
 
-def _check(proc, culprit):
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fastsgd: error:") and culprit in lines[0]
+@pytest.fixture
+def simulate(tmp_path, monkeypatch, capsys):
+    """`fastsgd simulate SMALL ARGS` in tmp_path; checks it fails in one line naming culprit."""
+    monkeypatch.chdir(tmp_path)
+
+    def check(args, culprit):
+        assert main(["simulate", *SMALL, *args]) == 2
+        _one_line(capsys.readouterr().err, culprit)
+    return check
 
 
 @pytest.mark.parametrize("sets, culprit", CASES)
-def test_bad_simulator_settings(sets, culprit, tmp_path):
-    args = [item for s in sets for item in ("--set", s)]
-    _check(fastsgd("simulate", *SMALL, *args, cwd=tmp_path), culprit)
+def test_bad_simulator_settings(sets, culprit, simulate):
+    simulate([item for s in sets for item in ("--set", s)], culprit)
 
 
 @pytest.mark.parametrize("text, culprit", TRACES)
-def test_bad_trace_files(text, culprit, tmp_path):
-    _check(fastsgd("simulate", *SMALL, "--set", _trace(tmp_path, text), cwd=tmp_path), culprit)
+def test_bad_trace_files(text, culprit, tmp_path, simulate):
+    simulate(["--set", _trace(tmp_path, text)], culprit)
