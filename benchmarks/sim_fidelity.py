@@ -229,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         runs = Path(args.runs or tmp)
         try:
             rows = run_all(args, children, runs)
+        except Refused as e:  # e.g. a --sysctl the kernel does not take in a namespace
+            print(f"sim_fidelity: {e}", file=sys.stderr)
+            return 2
         finally:
             children.end_all()
     return report(args, rows)

@@ -86,3 +86,19 @@ def test_refuses_when_not_root(monkeypatch: pytest.MonkeyPatch,
     assert _load("sim_fidelity").main(["--workers", "2"]) == 2
     err = capsys.readouterr().err
     assert err == "sim_fidelity: emulated hosts need root (network namespaces and tc)\n"
+
+
+@needs_namespaces
+def test_a_setting_the_hosts_refuse_is_one_line_and_leaves_nothing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    setting = "net.ipv4.no_such_setting=1"
+    handlers = {sig: signal.getsignal(sig) for sig in netns.SIGNALS}
+    try:  # main() makes these signals exit through its clean-up
+        assert _load("sim_fidelity").main(["--workers", "2", "--sysctl", setting]) == 2
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    err = capsys.readouterr().err
+    assert err.startswith(f"sim_fidelity: cannot set {setting} in an emulated host: ")
+    assert err.count("\n") == 1
+    assert not netns.leftovers(f"fsgd{os.getpid()}")

@@ -165,8 +165,11 @@ class EmulatedHosts:
             self._shape(host, inside, self.rates[i])  # uplink: what the host sends
             self._shape(sw, outside, self.rates[i])  # downlink: what the bridge hands it
             for setting in self.sysctls:
-                subprocess.run([*self.exec_prefix(i), "sysctl", "-q", "-w", setting],
-                               check=True, capture_output=True, timeout=30)
+                proc = subprocess.run([*self.exec_prefix(i), "sysctl", "-q", "-w", setting],
+                                      capture_output=True, text=True, timeout=30)
+                if proc.returncode != 0:
+                    raise Refused(f"cannot set {setting} in an emulated host: "
+                                  f"{proc.stderr.strip()}")
 
     def _add_namespace(self, name: str) -> None:
         _ip("netns", "add", name)
