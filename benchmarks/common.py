@@ -4,12 +4,15 @@ CPU name, and `key=value` overrides."""
 from __future__ import annotations
 
 import json
-import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from fastsgd.rundir import cpu_name
+
+__all__ = ["cpu_name", "overrides", "simulate"]  # cpu_name: for the figures' captions
 
 
 def simulate(sets: list[str], evals: bool = False) -> dict[str, Any] | None:
@@ -27,18 +30,6 @@ def simulate(sets: list[str], evals: bool = False) -> dict[str, Any] | None:
             lines = (run / "eval.jsonl").read_text().splitlines()
             summary["evals"] = [json.loads(line) for line in lines]
         return summary
-
-
-def cpu_name() -> str:
-    """The CPU's model name (for the figures' captions)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def overrides(pairs: list[str]) -> dict:

@@ -35,6 +35,7 @@ from typing import Any
 
 from fastsgd.bench.hosts import run_nodes
 from fastsgd.bench.netns import EmulatedHosts, Refused, check_can_emulate, exit_on_signals
+from fastsgd.rundir import cpu_name
 
 GOAL = 0.15
 STRATEGIES = ("allreduce", "dpsgd", "sgp", "ps")
@@ -158,13 +159,15 @@ def run_all(args: argparse.Namespace, children: Children, runs: Path) -> list[di
     for n in args.workers:
         with EmulatedHosts(n, rate, args.burst, args.limit, args.mtu,
                            sysctls=tuple(args.sysctl)) as hosts:
-            rtt = hosts.round_trip(0, 1)
+            rtt, tcp = hosts.round_trip(0, 1), hosts.congestion_control()
             latency = f"{rtt / 2 * 1e6:.0f}us"
-            print(f"{n} hosts: {args.bandwidth} each way (tbf burst {args.burst}), round "
-                  f"trip {rtt * 1e6:.0f} us -> network.latency={latency}\n{HEADER}", flush=True)
+            print(f"{n} hosts: {args.bandwidth} each way (tbf burst {args.burst}), TCP {tcp}, "
+                  f"round trip {rtt * 1e6:.0f} us -> network.latency={latency}\n{HEADER}",
+                  flush=True)
             for name in args.strategies:
                 row = measure(args, hosts, children, name, latency, runs)
-                rows.append({**row, "round_trip_s": rtt, "latency": latency})
+                rows.append({**row, "round_trip_s": rtt, "latency": latency,
+                             "tcp_congestion_control": tcp})
                 print(format_row(row), flush=True)
     return rows
 
@@ -255,7 +258,8 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
 def write_json(path: Path, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     settings = {key: getattr(args, key) for key in ("bandwidth", "burst", "limit", "mtu",
                                                     "steps", "warmup", "set", "sim_set")}
-    meta = {"command": sys.argv, "machine": platform.platform(), "cpus": os.cpu_count(),
+    meta = {"command": sys.argv, "machine": platform.platform(), "cpu": cpu_name(),
+            "cpus": os.cpu_count(),
             "load_average_at_end": os.getloadavg(), **settings}
     path.write_text(json.dumps({**meta, "results": rows}, indent=2) + "\n")
 

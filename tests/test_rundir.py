@@ -78,6 +78,8 @@ def test_environment_is_recorded(run):
     assert env["fastsgd"] == fs.__version__ and env["torch"] == torch.__version__
     assert env["backend"] == "simulated" and len(env["hosts"]) == 1
     assert {"python", "fastsgd_git_commit", "cwd_git_commit", "command"} <= set(env)
+    assert env["cpu"] and env["cpu_count"] >= 1  # runs repeat bitwise on one CPU model
+    assert "tcp_congestion_control" not in env  # no network in a simulation
 
 
 def test_evaluation_is_not_training_time(run):

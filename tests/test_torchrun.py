@@ -73,6 +73,7 @@ def test_torchrun_run_folder_is_strategy_and_time(tmp_path):
     assert len(folders) == 1 and re.fullmatch(r"allreduce-\d{8}-\d{6}", folders[0].name)
     environment = json.loads((folders[0] / "environment.json").read_text())
     assert environment["backend"] == "gloo" and len(environment["hosts"]) == 2
+    assert "tcp_congestion_control" in environment and environment["cpu"]
     assert (folders[0] / "summary.json").exists()
 
 

@@ -10,6 +10,7 @@ the other ranks follow, so every node writes to the same path.
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import socket
@@ -98,16 +99,42 @@ def host_names(transport: Any) -> list[str]:
 
 def environment(backend: str, hosts: list[str]) -> dict[str, Any]:
     """What ran where: versions, the git commits of the working directory and of fastsgd's
-    source (when they are checkouts), the backend and each rank's host."""
+    source (when they are checkouts), the backend, each rank's host, and rank 0's CPU (runs
+    repeat bit for bit on one CPU model, not across models). On real processes also rank
+    0's TCP congestion control, which moves the time of gossip over slow links by ~10%
+    (docs/multihost.md)."""
     import fastsgd
 
-    return {
+    recorded = {
         "fastsgd": fastsgd.__version__, "torch": torch.__version__,
         "python": platform.python_version(), "platform": platform.platform(),
         "command": sys.argv, "cwd_git_commit": git_commit(Path.cwd()),
         "fastsgd_git_commit": git_commit(Path(fastsgd.__file__).parent),
         "backend": backend, "cuda": torch.version.cuda, "hosts": hosts,
+        "cpu": cpu_name(), "cpu_count": os.cpu_count(),
     }
+    if backend != "simulated":
+        recorded["tcp_congestion_control"] = _read(CONGESTION_CONTROL)
+    return recorded
+
+
+CONGESTION_CONTROL = "/proc/sys/net/ipv4/tcp_congestion_control"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo, else what `platform` knows)."""
+    for line in (_read("/proc/cpuinfo") or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def git_commit(folder: Path) -> str | None:

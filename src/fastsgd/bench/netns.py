@@ -201,6 +201,13 @@ class EmulatedHosts:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
+    def congestion_control(self) -> str:
+        """The hosts' TCP congestion control (a namespace takes the machine's when made; it
+        moves real gossip's time by about 10%, docs/multihost.md)."""
+        return subprocess.run([*self.exec_prefix(0), "sysctl", "-n",
+                               "net.ipv4.tcp_congestion_control"], capture_output=True,
+                              text=True, timeout=30).stdout.strip() or "unknown"
+
     def round_trip(self, a: int = 0, b: int = 1, trips: int = 50) -> float:
         """Median TCP round trip (s) of a 1-byte message from host a to host b and back."""
         server = subprocess.Popen([*self.exec_prefix(b), sys.executable, "-c", _ECHO,
