@@ -64,13 +64,15 @@ def fastsgd(*args, cwd=None):
     (["simulate", "--set", "strategy.momentum_correction=yes"],
      "strategy.momentum_correction must be one of"),
 ])
-def test_bad_input_is_one_line(args, culprit, capsys):
+def test_bad_input_is_one_line(args, culprit, capsys, tmp_path, monkeypatch):
     """In this process (the CLI's entry point, 2 s less per case than a new interpreter);
-    the case below checks one end to end."""
+    the case below checks one end to end. Nothing is left in runs/, where a run would go."""
     from fastsgd.cli import main
 
+    monkeypatch.chdir(tmp_path)
     assert main(args) == 2
     _one_line(capsys.readouterr().err, culprit)
+    assert not list(tmp_path.glob("runs/*"))  # a worker found it: its folder went too
 
 
 def test_bad_input_is_one_line_from_a_new_process():

@@ -128,3 +128,17 @@ def test_default_folder_is_strategy_and_time_and_never_reused(tmp_path):
     assert claim(out, reuse=False).name == "dpsgd-x-2"
     assert claim(out, reuse=True) == first and not (first / "config.toml").exists()
     assert not (first / "attempts").exists()  # --overwrite: the old run's, gone with it
+
+
+@pytest.mark.parametrize("named_by_us", [True, False])
+def test_a_failed_run_drops_only_an_empty_folder_of_its_own_naming(tmp_path, named_by_us):
+    from fastsgd.rundir import dropped_if_empty
+
+    empty, written = tmp_path / "empty", tmp_path / "written"
+    for folder in (empty, written):
+        folder.mkdir()
+        with pytest.raises(fs.UserError), dropped_if_empty(folder, named_by_us):
+            if folder is written:
+                (folder / "config.toml").write_text("")
+            raise fs.UserError("bad input")
+    assert empty.exists() != named_by_us and (written / "config.toml").exists()

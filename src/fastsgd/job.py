@@ -34,7 +34,7 @@ from fastsgd.observe import EvalLog, Observer
 from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.processes import backend_of, expendable, rejoin_steps, train_process
 from fastsgd.profiling import needs_profile, profile
-from fastsgd.rundir import agree, claim, default_out
+from fastsgd.rundir import agree, claim, default_out, dropped_if_empty
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
 from fastsgd.supervise import supervise
@@ -163,11 +163,16 @@ class Job:
             raise UserError(hazard())
         config = self._with_workers(workers)
         plan = self.plan(config)
-        failures = supervise(plan, lambda attempt: launch(
-            lambda: train_process(plan), config["run"]["workers"], restart=attempt,
-            expendable=expendable(plan),
-            survivors_stop=config["run"]["on_failure"] == "stop", rejoin=rejoin_steps(plan)))
+        with dropped_if_empty(plan.run_dir, self._names_the_folder(config)):
+            failures = supervise(plan, lambda attempt: launch(
+                lambda: train_process(plan), config["run"]["workers"], restart=attempt,
+                expendable=expendable(plan), survivors_stop=config["run"]["on_failure"] == "stop",
+                rejoin=rejoin_steps(plan)))
         return _result(plan.run_dir, failures)
+
+    def _names_the_folder(self, config: dict) -> bool:
+        """fastsgd chose the run directory (runs/STRATEGY-TIME), not the user."""
+        return not config["run"]["out"] and not self.resume
 
     def simulate(self, workers: int | None = None, network: Network | None = None,
                  compute: ComputeModel | None = None) -> Result:
@@ -186,6 +191,12 @@ class Job:
                               "(fastsgd run); in the simulator, allreduce is the same algorithm")
         faults.check_run(strategy, self._codec(config), config)
         plan = self.plan(config, simulated=True)
+        with dropped_if_empty(plan.run_dir, self._names_the_folder(config)):
+            return self._simulate(plan, compute, net, faults)
+
+    def _simulate(self, plan: Plan, compute: ComputeModel | None, net: Network,
+                  faults: Faults) -> Result:
+        config, n, seed = plan.config, plan.config["run"]["workers"], plan.config["run"]["seed"]
         if compute is None and needs_profile(config["compute"]):
             plan.config = cfg.merged(plan.config, compute=profile(plan))
         model = compute or compute_model(plan.config["compute"], seed)

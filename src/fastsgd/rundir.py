@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,19 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
             if candidate.is_dir() and not holds_run(candidate):
                 return candidate
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def dropped_if_empty(path: Path, named_by_us: bool) -> Iterator[None]:
+    """A run that fails before it wrote anything (bad input found by a worker, say) leaves
+    no empty folder behind, if fastsgd named it (runs/STRATEGY-TIME); a folder the user
+    named stays."""
+    try:
+        yield
+    except BaseException:
+        if named_by_us and path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+        raise
 
 
 def holds_run(path: Path) -> bool:
