@@ -81,7 +81,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "max_restarts": Option(int, 3, at_least(0), "restarts of one run (on_failure)"),
         "rejoin": Option(bool, False, doc="a killed worker of sgp, adpsgd, dpsgd, ps or "
                          "ltfb (exact codecs) is replaced by a new process, which joins from "
-                         "a live worker's state (fastsgd run's own workers)"),
+                         "a live worker's state (fastsgd run's own workers, and the simulator)"),
         "max_bad_steps": Option(int, 10, at_least(0), "steps in a row a worker may skip for a "
                                 "NaN or inf loss or gradient before the run stops"),
     },
@@ -142,6 +142,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "crash": Option(list, [], _crashes, 'workers that crash, e.g. [{worker = 3, at = '
                         '"10s"}] or [{worker = 3, step = 500}]'),
         "detect": _time("how long the survivors take to notice a crash", "1s"),
+        "restart": _time("run.rejoin: how long a new process takes to start once a loss is "
+                         "noticed", "2s"),
         "down": Option(list, [], _crashes, 'links down for a while, e.g. [{worker = 3, '
                        'from = "5s", to = "8s"}]'),
     },

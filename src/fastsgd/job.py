@@ -184,7 +184,8 @@ class Job:
         net.check(n)
         if compute is None:
             _check_compute(config["compute"], n, seed)
-        faults = Faults.parse(config["faults"], n)  # before the run directory exists
+        # before the run directory exists
+        faults = Faults.parse(config["faults"], n, config["run"]["rejoin"])
         strategy = self._strategy_object(config)
         if getattr(strategy, "REAL_ONLY", False):
             raise ConfigError(f"strategy.name = '{strategy.name}' runs on real processes only "
@@ -205,7 +206,8 @@ class Job:
                                  EvalLog(plan.run_dir / "eval.jsonl",
                                          plan.config["run"]["target_accuracy"]))
         with interrupt.simulated(n) as stop:
-            simulate(n, lambda t: train(plan, t), net, model, faults, plan.observer.crashed)
+            simulate(n, lambda t: train(plan, t), net, model, faults, plan.observer.crashed,
+                     plan.total_steps(n))
         if 0 < stop.stop_at.value < plan.total_steps(n):  # Ctrl-C: checkpoints written
             step = stop.stop_at.value
             raise Interrupted(f"interrupted: every worker stopped after step {step} and wrote "

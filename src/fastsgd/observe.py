@@ -134,7 +134,7 @@ class Observer:
         self.workers, self.policy, self.evaluate, self.log = workers, policy, evaluate, log
         self._steps: dict[int, _Snapshot] = {}
         self._lock = threading.Lock()  # one simulated worker runs at a time; this is cheap
-        self._dead: dict[int, int] = {}  # crashed rank -> the step it left at
+        self._handing_in: Callable[[int], int] = lambda step: self.workers
 
     def hand_in(self, step: int, rank: int, model: torch.nn.Module, when: float, wall: float,
                 score: Score) -> None:
@@ -143,15 +143,16 @@ class Observer:
             snapshot.add(rank, model, when, wall, score)
         self._evaluate_complete()
 
-    def crashed(self, dead: dict[int, int]) -> None:
-        """Workers crashed (the simulator's faults): steps they never reach are complete
-        without them. A worker that left at step k handed in at most step k."""
-        self._dead = dead
+    def crashed(self, handing_in: Callable[[int], int]) -> None:
+        """Workers crashed or new ones took their places (the simulator's faults): a step is
+        complete once `handing_in(step)` workers handed in their models (a worker that left
+        at step k hands in at most step k)."""
+        self._handing_in = handing_in
         self._evaluate_complete()
 
     def _evaluate_complete(self) -> None:
         for step in sorted(self._steps):
-            expected = self.workers - sum(1 for left in self._dead.values() if left < step)
+            expected = self._handing_in(step)
             if self._steps[step].count >= expected:
                 self._evaluate(step, self._steps.pop(step))
 

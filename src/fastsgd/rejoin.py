@@ -1,16 +1,17 @@
 """A new worker process takes a lost one's place in a running run (run.rejoin), starting from
 a live worker's state: all of it, over the network, not from disk and not from scratch.
 
-The launcher (launch.py) starts the new process with FASTSGD_JOIN=STEP:DONOR:SINCE once it has set
-STEP ahead of every worker (interrupt.Stop.rejoin), so that every worker counts the new one
-in from the same step (transport/roster.py). The new process connects to every peer still
-there (transport/connections.py) and waits. The donor, the lowest worker still running,
-sends it at the start of STEP what a checkpoint holds: model, optimizer (learning rate and
-moments), the strategy's and codec's state, step counters, the run's clock and the eval
-log's state; the strategy splits what must not be counted twice (sgp: its push-sum weight,
-`donate`). The joiner loads it and trains from STEP on like every other worker. Its random
-streams start from (seed, rank, STEP), not the donor's: two workers drawing the same
-numbers would not be independent.
+The launcher (launch.py) starts the new process with FASTSGD_JOIN=STEP:DONOR:SINCE once it
+has set STEP ahead of every worker (interrupt.Stop.rejoin), so that every worker counts the
+new one in from the same step (transport/roster.py); the simulator's launcher does the same
+at virtual time (transport/sim/rejoins.py), and the transport says which (`joining`). The
+new process connects to every peer still there (transport/connections.py) and waits. The
+donor, the lowest worker still running, sends it at the start of STEP what a checkpoint
+holds: model, optimizer (learning rate and moments), the strategy's and codec's state, step
+counters, the run's clock and the eval log's state; the strategy splits what must not be
+counted twice (sgp: its push-sum weight, `donate`). The joiner loads it and trains from STEP
+on like every other worker. Its random streams start from (seed, rank, STEP), not the
+donor's: two workers drawing the same numbers would not be independent.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ JOIN_TAG = frames.JOIN_TAG  # the donor's state for a joiner
 def at_step(loop: Loop, step: int) -> None:
     """At the start of each step: learn of workers that join (transport/roster.py), and
     give one that joins at this step from this worker's state its state."""
-    joins = interrupt.starting(loop.rank, step)  # per rank: (the step it joins at, donor)
-    note = getattr(loop.t, "note_returns", None)
-    if note is not None:
-        note(step, [at for at, _ in joins])
+    starting = getattr(loop.t, "starting", None)
+    if starting is None:
+        return
+    joins = starting(step)  # per rank: (the step it joins at, donor)
+    loop.t.note_returns(step, [at for at, _ in joins])
     donate(loop, step, joins)
 
 
@@ -53,7 +55,7 @@ def donate(loop: Loop, step: int, joins: list[tuple[int, int]]) -> None:
             continue
         loop.donated.add((joiner, at))
         if (os.environ.get("FASTSGD_TEST_KILL_DONOR") == str(loop.rank)
-                and interrupt.joining() is None):  # fault tests: a donor that dies first
+                and loop.t.joining is None):  # fault tests: a donor that dies first
             os.kill(os.getpid(), signal.SIGKILL)
         replica = loop.replica.state_dict()
         split = getattr(loop.replica.strategy, "donate", None)  # else the state as it is
@@ -84,13 +86,15 @@ def _take_state(loop: Loop, step: int, donor: int, donor_since: int) -> torch.Te
                 continue  # the same donor, still on its way to `step`
         except PeerLost:
             pass
+        if loop.plan.simulated:
+            loop.t.leave(step)
         os._exit(interrupt.DONOR_LOST)
 
 
 def join(loop: Loop) -> int:
     """In a new worker: wait for the donor's state, take it on, and return the step to train
     from."""
-    step, donor, donor_since = interrupt.joining() or (0, 0, 0)
+    step, donor, donor_since = loop.t.joining or (0, 0, 0)
     buffer = _take_state(loop, step, donor, donor_since)
     saved = checkpoint.load(buffer.cpu().numpy().tobytes())
     loop.model.load_state_dict(saved["model"])

@@ -103,7 +103,7 @@ def train(plan: Plan, transport: Transport) -> dict[str, Any] | None:
     replica = Replica(model, transport, copy.deepcopy(plan.strategy),
                       copy.deepcopy(plan.compressor), total_steps=plan.total_steps(
                           transport.world_size), optimizer=optimizer,
-                      joining=interrupt.joining() is not None)
+                      joining=getattr(transport, "joining", None) is not None)
     try:
         return _Loop(plan, replica, optimizer).run()
     finally:
@@ -146,7 +146,7 @@ class _Loop:
         self.start = self.wall_start = 0.0
 
     def run(self) -> dict[str, Any] | None:
-        k = self.start_up() if interrupt.joining() is None else rejoin.join(self)
+        k = self.start_up() if getattr(self.t, "joining", None) is None else rejoin.join(self)
         every = self.plan.config["run"]["checkpoint_every"]
         while k < self.steps:
             try:

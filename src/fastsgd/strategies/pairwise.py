@@ -30,6 +30,7 @@ model, to study how far apart they end.
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import torch
@@ -160,8 +161,12 @@ class ADPSGD(_OnGraph):
         self._rng = random.Random(self._rank * 1_000_003 + step)
 
     def _forget_lost(self, t) -> None:
-        if self._waiting_on is not None and self._waiting_on[0] in t.departed():
-            self._waiting_on = None  # lost: its answer will never come
+        """The process asked is lost, or another has taken its place (run.rejoin): its
+        answer will never come."""
+        if self._waiting_on is not None:
+            peer, since = self._waiting_on
+            if peer in t.departed() or t.returned_at(peer, sys.maxsize) != since:
+                self._waiting_on = None
 
     def _take(self, t, src: int, m: torch.Tensor, x: torch.Tensor, state: dict[str, Any],
               step: int, lags: list[int]) -> torch.Tensor:

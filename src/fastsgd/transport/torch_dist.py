@@ -85,7 +85,8 @@ class TorchTransport:
             torch.cuda.set_device(self.device)
         # a worker that takes a lost one's place in a running job (launch.py): no group,
         # only the messenger's connections, and the launcher's store
-        self._joins_at = (interrupt.joining() or (None,))[0]  # the step it joins at
+        self.joining = interrupt.joining()  # (the step it joins at, donor, donor's since)
+        self._joins_at = (self.joining or (None,))[0]
         self._joining = self._joins_at is not None
         self._owns_default_group = not dist.is_initialized() and not self._joining
         if self._owns_default_group:
@@ -359,6 +360,11 @@ class TorchTransport:
     def compute(self, phase: str, step: int) -> None:
         """Real compute took the time it took: nothing to charge; the step stamps messages."""
         self._step = step
+
+    def starting(self, step: int) -> list[tuple[int, int]]:
+        """This worker starts `step`; per rank, the step a new process in a lost one's place
+        is back from (0: none) and its donor, as the launcher set them (interrupt.py)."""
+        return interrupt.starting(self.rank, step)
 
     def note_returns(self, step: int, joined_at: list[int]) -> None:
         """At the start of each step: the launcher's word of new workers that join in lost

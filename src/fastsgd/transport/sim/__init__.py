@@ -11,6 +11,7 @@ from fastsgd.transport.sim.compute import ComputeModel, Heterogeneity
 from fastsgd.transport.sim.fabric import SimFabric
 from fastsgd.transport.sim.faults import Faults
 from fastsgd.transport.sim.network import Network, parse_bandwidth, parse_seconds
+from fastsgd.transport.sim.rejoins import launcher
 from fastsgd.transport.sim.scheduler import Scheduler, SimAborted
 from fastsgd.transport.sim.trace import Trace, load_trace
 from fastsgd.transport.sim.transport import SimTransport
@@ -21,13 +22,15 @@ __all__ = ["ComputeModel", "Faults", "Heterogeneity", "Network", "SimAborted", "
 
 def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Network | None = None,
              compute: ComputeModel | None = None, faults: Faults | None = None,
-             on_death: Callable[[dict[int, int]], None] | None = None) -> list[Any]:
+             on_death: Callable[[Callable[[int], int]], None] | None = None,
+             steps: int | None = None) -> list[Any]:
     """Run `fn(transport)` for each of `world_size` logical workers; return their results
     (None for a worker that crashed).
 
     `compute` says how long computing takes (default: the wall time it took, measured);
-    `faults`, which workers crash (faults.py); `on_death(dead)` is called at each crash with
-    every crashed rank and the step it left at.
+    `faults`, which workers crash (faults.py); `on_death(handing_in)` is called at each crash
+    and each return, with a function that says how many workers hand in their model at a
+    step. `steps`: the run's, where a lost worker is replaced (run.rejoin: rejoins.py).
     """
     compute = compute or ComputeModel()
     network = network or Network()
@@ -39,7 +42,13 @@ def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Networ
     scheduler = Scheduler(world_size, factors)
     fabric = SimFabric(world_size, network, scheduler, compute, faults)
     if on_death is not None:
-        fabric.on_death.append(lambda: on_death(dict(fabric.membership.dead)))
+        fabric.on_death.append(lambda: on_death(fabric.membership.handing_in))
+    if faults is not None and faults.restart_ns is not None and steps:
+        def start(rank: int, joining: tuple[int, int, int], when: int) -> None:
+            transport = SimTransport(rank, fabric, joining)
+            scheduler.spawn(rank, lambda: fn(transport), when)
+
+        fabric.replace = launcher(fabric, steps, start)
     transports = [SimTransport(r, fabric) for r in range(world_size)]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one worker computes at a time; a team per thread would thrash

@@ -42,6 +42,10 @@ class SimFabric:
         self.membership = Membership(Faults() if faults is None else faults, world_size)
         self.news: dict[int, int] = {}  # rank -> the departure that woke it
         self.on_death: list[Callable[[], None]] = []  # e.g. the observer counting again
+        # run.rejoin: replace(lost rank, when its loss is known) starts a new process
+        self.replace: Callable[[int, int], None] | None = None
+        self.progress = [0] * world_size  # the step each worker last started
+        self.replying: tuple[int, int] = (-1, 0)  # while a handler runs: (src, its process)
 
     def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: Callable[[], int],
                combine: str | int) -> Collective:
@@ -83,6 +87,11 @@ class SimFabric:
         """Worker `rank` crashes now (faults.py); the survivors learn it `detect` later."""
         now = self.scheduler.now(rank)
         self.membership.die(rank, step, now)
+        if self.replace is not None:  # what waited for this process is lost with it
+            for queue in [q for (_, dst), q in self.inbox.items() if dst == rank]:
+                queue.clear()
+            for queue in [q for (dst, _), q in self.mail.items() if dst == rank]:
+                queue.clear()
         for action in self.on_death:
             action()
         when = now + self.membership.faults.detect_ns
@@ -101,6 +110,8 @@ class SimFabric:
             self.scheduler.wake(rank, when)
         for seq, op in sorted(self.collectives.items()):
             self._start_if_all_in(seq, op, when)
+        if self.replace is not None:
+            self.replace(lost, when)
 
     def state(self) -> dict:
         """What a resumed simulation needs of the cluster at a quiet point (a checkpoint's
@@ -140,10 +151,14 @@ class SimFabric:
             self.scheduler.wake(rank, op.end)
 
     def post(self, src: int, dst: int, tensor: torch.Tensor, tag: int | None = None,
-             droppable: bool = False, copy: bool = True) -> None:
+             droppable: bool = False, copy: bool = True, to: int | None = None) -> None:
         """Put `tensor` on src's link to dst: to the matching `recv` (tag None) or to dst's
         mailbox or handler for `tag`. A message to oneself arrives at once. `copy` False:
-        the tensor itself travels (the sender will not change it, nor will the receivers)."""
+        the tensor itself travels (the sender will not change it, nor will the receivers).
+        `to`: the process standing for dst it is meant for, by its join step (default: the
+        one now); it is lost if another stands there when it arrives."""
+        to = self.membership.since[dst] if to is None else to
+        sender = (src, self.membership.since[src])
         size = nbytes(tensor) if tag is None else frame_bytes(tensor)
         now = self.scheduler.now(src) if self.handling_at is None else self.handling_at
         payload = tensor.detach() if tag is None else tensor.detach().reshape(-1)
@@ -151,24 +166,26 @@ class SimFabric:
         if tag is None:
             self.in_transit[(src, dst)] += 1
         if src == dst:
-            self.scheduler.at(now, lambda: self._file(src, dst, tag, payload, now))
+            self.scheduler.at(now, lambda: self._file(sender, dst, to, tag, payload, now))
             return
         start, sent = self.links.depart(src, dst, size, now)
 
         def land() -> None:  # at `start`: downlinks take messages in the order they come
             arrival = self.links.land(src, dst, size, start, sent, droppable)
             if arrival is not None:
-                self.scheduler.at(arrival, lambda: self._file(src, dst, tag, payload, arrival))
+                self.scheduler.at(arrival,
+                                  lambda: self._file(sender, dst, to, tag, payload, arrival))
 
         self.scheduler.at(start, land)
 
-    def _file(self, src: int, dst: int, tag: int | None, payload: torch.Tensor,
-              arrival: int) -> None:
+    def _file(self, sender: tuple[int, int], dst: int, to: int, tag: int | None,
+              payload: torch.Tensor, arrival: int) -> None:
         """A message arrives: to its handler, or queued, waking dst if it waits for it.
-        A message to a worker that has crashed is lost."""
+        A message to a process that has crashed is lost. `sender`: (src, its process)."""
+        src = sender[0]
         if tag is None:
             self.in_transit[(src, dst)] -= 1
-        if not self.membership.alive(dst):
+        if not self.membership.accepts(dst, to):
             return
         handler = self.handlers.get((dst, tag)) if tag is not None else None
         if handler is not None:
@@ -177,6 +194,7 @@ class SimFabric:
             start = max(arrival, self.server_free[dst])
             self.handling_at = self.server_free[dst] = start + self.compute.reduce_ns(
                 frame_bytes(payload))
+            self.replying = sender
             try:
                 handler(src, payload)
             finally:

@@ -12,6 +12,15 @@ instant, as from a membership service: (r, k) becomes part of every survivor's v
 worker blocked on r, or waiting for messages, wakes then with `PeerLost`; a collective that
 waits for r completes among the survivors. Messages to a dead worker are dropped.
 
+With `run.rejoin = true` a lost worker does not stay lost, as with `fastsgd run`'s own workers
+(rejoin.py): once the death is known, the simulated launcher sets the step J a new process
+joins at, ahead of every worker (4 steps past the furthest), and starts the new process
+`restart` later; it waits for the state that the donor (the lowest worker still running
+with a state to give) sends it over the network at the start of J. A message is addressed
+to the process standing for its receiver at the sender's step (the roster, roster.py): one
+meant for a lost process is lost with it. `crash` may then name a worker more than once:
+the n-th entry of a rank is the n-th process standing for it.
+
 A link down (`down = [{worker = 3, from = "5s", to = "8s"}]`) cuts the worker's NIC, both
 ways, for that window: nothing is lost, as over TCP, but what it would send waits for the
 link to come back, what is sent to it arrives after, and a collective does not run while a
@@ -23,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fastsgd.errors import ConfigError
+from fastsgd.transport.roster import Roster
 from fastsgd.transport.sim.compute import to_ns
 from fastsgd.transport.sim.scheduler import Crashed
 from fastsgd.units import parse_seconds
@@ -43,9 +53,10 @@ class Crash:
 
 @dataclass
 class Faults:
-    crashes: dict[int, Crash] = field(default_factory=dict)
+    crashes: dict[int, list[Crash]] = field(default_factory=dict)  # rank -> one per process
     detect_ns: int = 1_000_000_000
     down: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # rank -> windows
+    restart_ns: int | None = None  # run.rejoin: a new process starts this long after a death
 
     def back_up(self, rank: int, when: int) -> int:
         """The first time >= `when` at which `rank`'s link is up."""
@@ -69,15 +80,19 @@ class Faults:
         return start
 
     @classmethod
-    def parse(cls, section: dict, world_size: int) -> Faults:
-        """The `[faults]` section; every mistake is one line naming the key."""
+    def parse(cls, section: dict, world_size: int, rejoin: bool = False) -> Faults:
+        """The `[faults]` section (`rejoin`: run.rejoin); every mistake is one line naming
+        the key."""
         detect = to_ns(parse_seconds(section.get("detect", "1s"), "faults.detect"))
-        crashes: dict[int, Crash] = {}
+        restart = to_ns(parse_seconds(section.get("restart", "2s"), "faults.restart"))
+        crashes: dict[int, list[Crash]] = {}
         for i, entry in enumerate(section.get("crash", [])):
             crash = _crash(entry, f"faults.crash[{i}]", world_size)
-            if crash.worker in crashes:
-                raise ConfigError(f"faults.crash[{i}]: worker {crash.worker} crashes twice")
-            crashes[crash.worker] = crash
+            if crash.worker in crashes and not rejoin:
+                raise ConfigError(f"faults.crash[{i}]: worker {crash.worker} crashes twice "
+                                  "(only with run.rejoin = true does a new process take its "
+                                  "place)")
+            crashes.setdefault(crash.worker, []).append(crash)
         if crashes and len(crashes) >= world_size:
             raise ConfigError(f"faults.crash: all {world_size} workers crash; at least one "
                               "must survive")
@@ -85,7 +100,8 @@ class Faults:
         for i, entry in enumerate(section.get("down", [])):
             rank, window = _outage(entry, f"faults.down[{i}]", world_size)
             down.setdefault(rank, []).append(window)
-        return cls(crashes, detect, {r: sorted(w) for r, w in down.items()})
+        return cls(crashes, detect, {r: sorted(w) for r, w in down.items()},
+                   restart if rejoin else None)
 
     @property
     def crashing(self) -> bool:
@@ -94,9 +110,14 @@ class Faults:
 
     def check_run(self, strategy: object, codec: object, config: dict) -> None:
         """Refuse, in one line, what cannot carry on after a crash yet."""
+        name, kind = getattr(strategy, "name", "?"), getattr(codec, "kind", "exact")
+        if self.restart_ns is not None and kind not in getattr(strategy, "REJOINS", ()):
+            raise ConfigError(f"run.rejoin = true: strategy.name = '{name}' with "
+                              f"compression.name = '{codec.name}' does not take a new worker "
+                              "in a lost one's place (sgp, adpsgd, dpsgd, ps and ltfb do, with "
+                              "an exact codec)")
         if not self.crashing:
             return
-        name, kind = getattr(strategy, "name", "?"), getattr(codec, "kind", "exact")
         kinds = getattr(strategy, "CARRIES_ON", ())
         if kind not in kinds:
             what = "" if not kinds else f" with compression.name = '{codec.name}'"
@@ -148,26 +169,59 @@ def _outage(entry: object, key: str, world_size: int) -> tuple[int, tuple[int, i
 
 
 class Membership:
-    """Who has crashed (the truth) and who the survivors know has (their view)."""
+    """Who has crashed (the truth), who the survivors know has (their view), and the
+    processes that took lost ones' places (run.rejoin)."""
 
     def __init__(self, faults: Faults, world_size: int):
         self.faults = faults
         self.members = list(range(world_size))  # the survivors' view, kept up to date
-        self.dead: dict[int, int] = {}  # rank -> step it left at
+        self.dead: dict[int, int] = {}  # rank -> step its process left at (not replaced)
         self.known: dict[int, int] = {}  # the part of `dead` the survivors have learnt
         self.when: dict[int, float] = {}  # rank -> virtual time of its crash (s)
+        self.since = [0] * world_size  # the step the process standing for each rank joined at
+        self.donor = [0] * world_size  # the rank the latest new process took its state from
+        self.processes = [0] * world_size  # how many processes replaced each rank
+        self.history = {r: [[0, None]] for r in range(world_size)}  # rank -> [since, left]
+        self.roster = Roster()  # the survivors' view of returns, by step (roster.py)
+        self.departures: dict[int, list[tuple[int, float]]] = {}  # known, by rank
 
     def crash_due(self, rank: int, now_ns: int, step: int) -> bool:
-        crash = self.faults.crashes.get(rank)
-        return crash is not None and rank not in self.dead and crash.due(now_ns, step)
+        crashes = self.faults.crashes.get(rank, ())
+        turn = self.processes[rank]
+        return turn < len(crashes) and rank not in self.dead and crashes[turn].due(now_ns, step)
 
     def die(self, rank: int, step: int, now_ns: int) -> None:
         self.dead[rank] = step
         self.when[rank] = now_ns / 1e9
+        self.history[rank][-1][1] = step
 
     def learn(self, rank: int) -> None:
         self.known[rank] = self.dead[rank]
+        self.departures.setdefault(rank, []).append((self.dead[rank], self.when[rank]))
         self.members = [r for r in self.members if r != rank]
+
+    def back(self, rank: int, step: int, donor: int) -> None:
+        """A new process stands for lost `rank` from `step` on, from `donor`'s state."""
+        del self.dead[rank], self.known[rank]
+        self.since[rank], self.donor[rank] = step, donor
+        self.processes[rank] += 1
+        self.history[rank].append([step, None])
+        self.roster.returns.setdefault(rank, []).append(step)
+        self.members = sorted([*self.members, rank])
 
     def alive(self, rank: int) -> bool:
         return rank not in self.dead
+
+    def accepts(self, rank: int, since: int) -> bool:
+        """Is the process a message was addressed to (by its join step) the one standing for
+        `rank`, and running (or on its way)?"""
+        return rank not in self.dead and self.since[rank] == since
+
+    def handing_in(self, step: int) -> int:
+        """How many workers hand in their model at `step` (after step - 1): those whose
+        process standing then has not left before."""
+        count = 0
+        for processes in self.history.values():
+            standing = [left for since, left in processes if since < step]
+            count += bool(standing) and (standing[-1] is None or standing[-1] >= step)
+        return count

@@ -65,6 +65,8 @@ class Scheduler:
         self._current: _Worker | None = None
         self._aborted = False
         self._errors: list[tuple[int, BaseException]] = []
+        self._results: list[Any] = [None] * world_size
+        self._grad = True
 
     # ---- called by workers ------------------------------------------------------------
     def now(self, rank: int) -> int:
@@ -110,6 +112,15 @@ class Scheduler:
         w = self.workers[rank]
         w.clock = max(w.clock, when)
         w.runnable = True
+        self._push(w)
+
+    def spawn(self, rank: int, fn: Callable[[], Any], when: int) -> None:
+        """A new worker in `rank`'s place, whose last one has ended (run.rejoin): it runs
+        `fn` from virtual time `when`, and its result replaces the last one's."""
+        w = self.workers[rank]
+        assert w.done, f"worker {rank} is still running"
+        w.done, w.runnable, w.clock = False, True, when
+        w.glet = greenlet(lambda *_: self._body(w, fn, first_turn=False), self._main)
         self._push(w)
 
     # ---- the ready heap ----------------------------------------------------------------------
@@ -160,11 +171,10 @@ class Scheduler:
     # ---- the loop ---------------------------------------------------------------------------
     def run(self, fns: list[Callable[[], Any]]) -> list[Any]:
         """Run fns[r] as worker r until all finish; re-raise the first worker error."""
-        results: list[Any] = [None] * len(fns)
-        self._main, grad = getcurrent(), torch.is_grad_enabled()
+        self._main, self._grad = getcurrent(), torch.is_grad_enabled()
+        results, grad = self._results, self._grad
         for w, fn in zip(self.workers, fns):
-            w.glet = greenlet(lambda *_, w=w, fn=fn: self._body(w, fn, results, grad),
-                              self._main)
+            w.glet = greenlet(lambda *_, w=w, fn=fn: self._body(w, fn), self._main)
             w.glet.switch()  # started from here, not deep in another worker's stack
         try:
             nxt = self._next()
@@ -183,13 +193,15 @@ class Scheduler:
                                "or collectives that never come")
         return results
 
-    def _body(self, w: _Worker, fn: Callable[[], Any], results: list[Any], grad: bool) -> None:
+    def _body(self, w: _Worker, fn: Callable[[], Any], first_turn: bool = True) -> None:
         """A worker's greenlet. When it ends, it hands over to the next worker by making
-        that one its parent (a greenlet that ends resumes its parent)."""
+        that one its parent (a greenlet that ends resumes its parent). One made by `run`
+        goes back to it until its first turn; one spawned later starts on its first turn."""
         try:
-            self._main.switch()  # back to `run` until the worker's first turn
-            torch.set_grad_enabled(grad)
-            results[w.rank] = fn()
+            if first_turn:
+                self._main.switch()
+            torch.set_grad_enabled(self._grad)
+            self._results[w.rank] = fn()
         except Crashed:
             pass
         except SimAborted:

@@ -9,6 +9,7 @@ real processes. Times are integer nanoseconds; `now()` gives seconds.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
@@ -45,8 +46,13 @@ class SimHandle:
 class SimTransport:
     """Transport of logical worker `rank` in a simulated cluster (see module docstring)."""
 
-    def __init__(self, rank: int, fabric: SimFabric):
+    def __init__(self, rank: int, fabric: SimFabric,
+                 joining: tuple[int, int, int] | None = None):
+        """`joining`: a new process in a lost one's place (run.rejoin: rejoins.py): the step
+        it joins at, its donor's rank and the step the donor's process joined at."""
         self.rank = rank
+        self.joining = joining
+        self._step = joining[0] if joining else 0  # the step this worker is at
         self.world_size = fabric.world_size
         self.device = torch.device("cpu")
         self.fabric = fabric
@@ -90,7 +96,7 @@ class SimTransport:
     def send(self, tensor: torch.Tensor, dst: int, copy: bool = True) -> Handle:
         self.scheduler.yield_(self.rank)
         self._count(nbytes(tensor), 0)
-        self.fabric.post(self.rank, dst, tensor, copy=copy)
+        self.fabric.post(self.rank, dst, tensor, copy=copy, to=self._to(dst))
         return Done()
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
@@ -150,7 +156,15 @@ class SimTransport:
             self.scheduler.yield_(self.rank)
         if dst != self.rank:
             self._count(frame_bytes(tensor), 0)
-        self.fabric.post(self.rank, dst, tensor, tag, droppable, copy=False)
+        self.fabric.post(self.rank, dst, tensor, tag, droppable, copy=False, to=self._to(dst))
+
+    def _to(self, dst: int) -> int:
+        """The process standing for `dst` that a message is meant for, by its join step: at
+        this worker's step, or for a handler's reply, the one that sent the request."""
+        fabric = self.fabric
+        if fabric.handling_at is not None and fabric.replying[0] == dst:
+            return fabric.replying[1]
+        return fabric.membership.roster.returned_at(dst, self._step)
 
     def serve(self, tag: int, handler: Callable[[int, torch.Tensor], None]) -> None:
         """Run `handler(src, payload)` when a message with `tag` arrives, at its arrival
@@ -178,22 +192,77 @@ class SimTransport:
         self._received(frame_bytes(payload))
         return src, payload
 
+    def take_from(self, tag: int, src: int, step: int | None = None,
+                  timeout: float | None = None) -> torch.Tensor:
+        """The next message with `tag` from `src`. PeerLost when the process that would
+        send it (standing for `src` at `step`, or at this worker's) is known lost, even if
+        another has taken its rank's place since. Virtual time does not time out."""
+        queue = self.fabric.mail[(self.rank, tag)]
+        standing = self.returned_at(src, self._step if step is None else step)
+        while True:
+            for i, (sender, payload) in enumerate(queue):
+                if sender == src:
+                    del queue[i]
+                    self._received(frame_bytes(payload))
+                    return payload
+            if src in self.departed() or self.returned_at(src, sys.maxsize) != standing:
+                raise PeerLost([src])
+            self.fabric.awaiting[self.rank] = tag
+            self.scheduler.block(self.rank)  # woken by a message or a departure
+            self.fabric.news.pop(self.rank, None)
+
     def members(self) -> list[int]:
         fabric = self.fabric  # (a handler sees what happened before its own time)
         if fabric.membership.faults.crashing and fabric.handling_at is None:
             self.scheduler.yield_(self.rank)  # what happened before this worker's clock
-        return list(fabric.membership.members)
+        if fabric.replace is None:
+            return list(fabric.membership.members)
+        gone = self.absent(self._step) | set(self.departed())
+        return [r for r in fabric.membership.members if r not in gone]
 
     def departed(self) -> dict[int, tuple[int, float]]:
+        """The workers lost now, and not replaced (as the survivors know)."""
         membership = self.fabric.membership
         return {r: (membership.dead[r], membership.when[r]) for r in membership.known}
 
     def returned_at(self, rank: int, step: int) -> int:
-        return 0  # no rejoins in the simulator yet
+        """The step the process standing for `rank` at `step` joined at (0: the first)."""
+        return self.fabric.membership.roster.returned_at(rank, step)
 
     def absent(self, step: int) -> set[int]:
-        """The workers that take no part in `step` (no rejoins in the simulator yet)."""
-        return {r for r, (left, _) in self.departed().items() if left <= step}
+        """The workers that take no part in `step`: lost before it, and not back (roster.py)."""
+        membership = self.fabric.membership
+        return membership.roster.absent(membership.departures, step)
+
+    def starting(self, step: int) -> list[tuple[int, int]]:
+        """This worker starts `step`; per rank, the step its latest new process joins at
+        (0: none) and its donor (rejoin.py)."""
+        self.fabric.progress[self.rank] = self._step = step
+        membership = self.fabric.membership
+        return list(zip(membership.since, membership.donor))
+
+    def note_returns(self, step: int, joined_at: list[int]) -> None:
+        """Known already: the simulated cluster keeps one roster (faults.Membership)."""
+        self._step = step
+
+    def join_state(self) -> dict:
+        """What a new process taking its state from this worker needs of the transport: how
+        many collectives have run (the next one's number)."""
+        return {"collectives": self._seq}
+
+    def load_join_state(self, saved: dict) -> None:
+        self._seq = int(saved["collectives"])
+
+    def leave(self, step: int) -> None:
+        """A new process whose donor was lost first leaves, as a lost worker does (from its
+        join step); the launcher starts another."""
+        self.fabric.crash(self.rank, step)
+        raise Crashed()
+
+    def rejoins(self) -> list[dict[str, float]]:
+        """Every departure, with the step a new process took the rank's place from."""
+        membership = self.fabric.membership
+        return membership.roster.history(membership.departures, 0.0)
 
     def now(self) -> float:
         return self.scheduler.now(self.rank) / 1e9
@@ -209,6 +278,7 @@ class SimTransport:
         """Charge the compute model's time for `phase` of `step` (see compute.py)."""
         model, rank = self.fabric.compute, self.rank
         now = self.scheduler.now(rank)
+        self._step = step
         if phase == "update" and self.fabric.membership.crash_due(rank, now, step):
             self.fabric.crash(rank, step)  # after its optimizer step, before it exchanges
             raise Crashed()
