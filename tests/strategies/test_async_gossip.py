@@ -154,7 +154,8 @@ def test_push_numbers_start_again_for_a_new_process_at_either_end():
     held = {}
     state = {"held": held, "taken": {(1, 0): 5}}
     sgp._hold([(1, t.posted[-1])], state)
-    assert [src for src, _ in sgp._in_order(state)] == [1]  # applied: a new sequence
+    # applied: a new sequence, on the edge to worker 1's process that joined at step 10
+    assert [edge for edge, _ in sgp._in_order(state)] == [(1, 10)]
     assert sgp._seen == {1: 12}
 
 

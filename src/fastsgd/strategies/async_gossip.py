@@ -30,7 +30,7 @@ import torch
 from fastsgd.compress.wire import pack, unpack
 from fastsgd.options import Option, at_least, between
 from fastsgd.strategies.base import Context
-from fastsgd.strategies.gossip import END_OPTIONS, TOPOLOGY_OPTIONS, _OnGraph, edge_copy
+from fastsgd.strategies.gossip import END_OPTIONS, TOPOLOGY_OPTIONS, Edge, _OnGraph, edge_copy
 from fastsgd.strategies.membership import await_messages
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.transport.base import PeerLost
@@ -114,10 +114,10 @@ class SGP(_OnGraph):
         share = state["weight"] * (self._step / (len(peers) + 1))
         for peer in peers:
             self._push(t, peer, z, share, state, ctx.step)
-        return peers, share
+        return [(p, t.returned_at(p, ctx.step)) for p in peers], share  # a copy per edge
 
-    def _mixed(self, z: torch.Tensor, peers: list[int], share: torch.Tensor,
-               ready: list[tuple[int, dict[str, torch.Tensor]]],
+    def _mixed(self, z: torch.Tensor, peers: list[Edge], share: torch.Tensor,
+               ready: list[tuple[Edge, dict[str, torch.Tensor]]],
                state: dict[str, Any]) -> torch.Tensor:
         """The de-biased model x / w once the shares sent have left (x and w lose exactly
         the mass the peers add) and the shares that came are added; w goes into `state`.
@@ -126,14 +126,14 @@ class SGP(_OnGraph):
         for _ in peers:
             w -= share
         x = z.double().mul_(w if exact else state["weight"])  # exact: each peer got z
-        for peer in [] if exact else peers:
-            x.sub_(state["sent"][peer], alpha=float(share))
-        for src, payload in ready:
+        for edge in [] if exact else peers:
+            x.sub_(state["sent"][edge], alpha=float(share))
+        for edge, payload in ready:
             weight = payload.pop("weight")
             del payload["number"]
             share_of = self._codec.decode(payload, z)
             if not exact:  # a change since the edge's copy
-                share_of = edge_copy(state, "received", src).add_(share_of)
+                share_of = edge_copy(state, "received", edge).add_(share_of)
             x.add_(share_of, alpha=float(weight))
             w += weight
         state["weight"] = w
@@ -173,13 +173,13 @@ class SGP(_OnGraph):
         (Taheri et al. 2020 track such copies for quantized push-sum), and move the copy on as
         the peer will: the peer takes it for z."""
         # numbered per edge and per process at each end: a new process that took a lost
-        # one's place, sending or receiving, starts a new sequence (run.rejoin)
+        # one's place, sending or receiving, starts a new sequence and a new copy (run.rejoin)
         edge = (peer, t.returned_at(peer, step))
         number = state["pushed"].get(edge, 0)
         state["pushed"][edge] = number + 1
         number = [self._since, number, step]
         exact = self._codec.kind == "exact"  # then z itself: no copies to keep
-        copy = None if exact else edge_copy(state, "sent", peer)
+        copy = None if exact else edge_copy(state, "sent", edge)
         change = z if copy is None else (z.double() - copy).to(z.dtype)
         buffer = pack({**self._codec.compress(change), "weight": share,
                        "number": torch.tensor(number, device=z.device)})
@@ -188,7 +188,7 @@ class SGP(_OnGraph):
             payload = unpack(buffer, self._fields, t.rank)  # as the peer will decode it
             copy.add_(self._codec.decode({k: payload[k] for k in self._codec.FIELDS}, z))
 
-    def _in_order(self, state: dict[str, Any]) -> list[tuple[int, dict[str, torch.Tensor]]]:
+    def _in_order(self, state: dict[str, Any]) -> list[tuple[Edge, dict[str, torch.Tensor]]]:
         """The pushes that can be applied now, each edge's in the order they were sent (its
         copy changes with each one); one that overtook an earlier one waits for it."""
         held = state["held"]
@@ -196,7 +196,7 @@ class SGP(_OnGraph):
         for src, since in sorted({(src, since) for src, since, _ in held}):
             number = state["taken"].get((src, since), 0)
             while (src, since, number) in held:
-                ready.append((src, held.pop((src, since, number))))
+                ready.append(((src, since), held.pop((src, since, number))))
                 number += 1
             state["taken"][(src, since)] = number
         return ready

@@ -178,9 +178,14 @@ def mix(local: torch.Tensor, topology: Topology, ctx: Context) -> torch.Tensor:
     return mixed
 
 
-def edge_copy(state: dict[str, Any], edges: str, peer: int) -> torch.Tensor:
+Edge = tuple[int, int]  # the process at an edge's other end: (rank, the step it joined at)
+
+
+def edge_copy(state: dict[str, Any], edges: str, edge: Edge) -> torch.Tensor:
     """The copy of the sender's (sgp) or requester's (adpsgd) parameters that both ends of
-    an edge keep alike."""
-    if peer not in state[edges]:
-        state[edges][peer] = state["start"].clone()
-    return state[edges][peer]
+    an edge keep alike. An edge joins two processes: a new process in a lost one's place
+    (run.rejoin) starts new edges, whose copies start, at both ends, from the parameters
+    every replica started from (the lost process's stay: a message of it may still come)."""
+    if edge not in state[edges]:
+        state[edges][edge] = state["start"].clone()
+    return state[edges][edge]

@@ -126,7 +126,7 @@ class ADPSGD(_OnGraph):
         if self._codec.kind == "exact":  # x itself: no copy to keep
             payload = pack(self._codec.compress(x))
         else:
-            copy = edge_copy(state, "copies", peer)
+            copy = edge_copy(state, "copies", (peer, t.returned_at(peer, step)))
             payload = pack(self._codec.compress(x - copy))
             copy += decode_buffer(self._codec, payload, x, t.rank)
         t.post(_tagged(REQUEST, self._since, step, step, payload), peer, PAIR)
@@ -152,6 +152,11 @@ class ADPSGD(_OnGraph):
         self._rng.setstate(saved["rng"])
         self._since = int(saved.get("since", 0))
         self._heard, self._floor = {}, None  # from the step it resumes at
+
+    def donate(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A worker joins in a lost one's place from this one's state (run.rejoin): the
+        pairs' copies are this worker's, the joiner's pairs start afresh."""
+        return {**state, "copies": {}}
 
     def joined(self, step: int, params: Params) -> None:
         """This process took a lost worker's place at `step`, from another's state
@@ -179,8 +184,9 @@ class ADPSGD(_OnGraph):
         if kind == STEP:
             self._answered[src, since] = self._answered.get((src, since), 0) + 1
             return x
-        copy = None if codec.kind == "exact" else edge_copy(state, "copies", src)
+        lossy = codec.kind != "exact"  # a copy per pair of processes (gossip.edge_copy)
         if kind == REQUEST:
+            copy = edge_copy(state, "copies", (src, since)) if lossy else None
             theirs = decode_buffer(codec, payload, x, src)
             if copy is not None:
                 theirs = copy.add_(theirs)
@@ -194,6 +200,7 @@ class ADPSGD(_OnGraph):
             return x + d
         if self._waiting_on is None or src != self._waiting_on[0] or since != self._since:
             return x  # the answer of an exchange given up (this worker thought src lost)
+        copy = edge_copy(state, "copies", self._waiting_on) if lossy else None
         self._waiting_on = None
         lags.append(step - asked_at)
         d = decode_buffer(codec, payload, x, src)
