@@ -26,12 +26,12 @@ def digits():
     return load_dataset("digits", seed=0)
 
 
-def _simulate(digits, out, **options):
+def _simulate(digits, out, workers=8, **options):
     options = {"run.steps": 120, "run.eval_every": 30, "data.batch_size": 16,
                "compute.model": "fixed", "compute.step_time": "3ms", "run.rejoin": True,
                "faults.crash": CRASHES, "faults.detect": "50ms", "faults.restart": "30ms",
                "run.out": str(out), **options}
-    return fs.Job(model="mlp", data=digits, options=options, quiet=True).simulate(8)
+    return fs.Job(model="mlp", data=digits, options=options, quiet=True).simulate(workers)
 
 
 def _rows(result) -> list[dict]:
@@ -104,3 +104,17 @@ def test_a_new_worker_whose_donor_dies_first_is_replaced_in_turn(digits, tmp_pat
 def test_what_cannot_rejoin_is_one_line_naming_the_key(options, culprit, digits, tmp_path):
     with pytest.raises(ConfigError, match=culprit.replace("[", r"\[")):
         _simulate(digits, tmp_path, **options)
+
+
+def test_every_neighbour_lost_at_once_and_new_ones_late(digits, tmp_path):
+    """dpsgd on the 4x4 torus: worker 5's four neighbours crash at the same instant (a
+    worker then waits on one of them when it learns of all four), and their new processes
+    start long after the others reached the step they join at (the others wait for them)."""
+    crashes = [{"worker": r, "step": 40} for r in (1, 4, 6, 9)]
+    result = _simulate(digits, tmp_path, 16, **{"strategy.name": "dpsgd", "faults.crash": crashes,
+                                                "strategy.topology": "torus",
+                                                "faults.restart": "1s"})
+    rejoined = result.summary["rejoined_workers"]
+    assert [w["worker"] for w in rejoined] == [1, 4, 6, 9]
+    assert len({w["joined_at_step"] for w in rejoined}) == 1  # one step for all four
+    assert result.summary["final_accuracy"] > 0.85

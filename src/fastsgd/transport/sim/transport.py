@@ -105,8 +105,10 @@ class SimTransport:
     def _take_sent(self, src: int) -> torch.Tensor:
         """The next tensor `src` sent to this worker (PeerLost if it left without it)."""
         queue = self.fabric.inbox[(src, self.rank)]  # empty: block, which runs what is due
-        fabric = self.fabric
-        coming = src not in fabric.membership.known or fabric.in_transit[(src, self.rank)]
+        fabric = self.fabric  # lost, or the process standing for src at this step left
+        gone = src in fabric.membership.known or (fabric.membership.departures
+                                                  and src in self.absent(self._step))
+        coming = not gone or fabric.in_transit[(src, self.rank)]
         if not queue and coming:
             self.fabric.receiving[self.rank] = src
             self.scheduler.block(self.rank)
