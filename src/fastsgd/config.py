@@ -79,9 +79,10 @@ SCHEMA: dict[str, dict[str, Option]] = {
                              "(allreduce), or every worker restarts from the last checkpoint "
                              "(fastsgd run's own workers), or stop"),
         "max_restarts": Option(int, 3, at_least(0), "restarts of one run (on_failure)"),
-        "rejoin": Option(bool, False, doc="a killed worker of sgp, adpsgd, dpsgd, ps or "
-                         "ltfb (exact codecs) is replaced by a new process, which joins from "
-                         "a live worker's state (fastsgd run's own workers, and the simulator)"),
+        "rejoin": Option(bool, False, doc="a killed worker of sgp or adpsgd, or of dpsgd, "
+                         "ps or ltfb (exact codecs), is replaced by a new process, which joins "
+                         "from a live worker's state (fastsgd run's own workers, and the "
+                         "simulator)"),
         "max_bad_steps": Option(int, 10, at_least(0), "steps in a row a worker may skip for a "
                                 "NaN or inf loss or gradient before the run stops"),
     },

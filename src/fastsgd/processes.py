@@ -58,11 +58,12 @@ def rejoin_steps(plan: Plan) -> int | None:
     name = plan.config["strategy"]["name"]
     if survives(plan) != "carry_on" or plan.compressor.kind not in getattr(
             plan.strategy, "REJOINS", ()):
-        takers = [n for n in STRATEGIES if getattr(STRATEGIES.get(n), "REJOINS", ())]
+        takers = [f"{n}{'' if len(kinds) > 1 else ' (exact codecs)'}" for n in STRATEGIES
+                  if (kinds := getattr(STRATEGIES.get(n), "REJOINS", ()))]
         raise UserError(f"run.rejoin = true needs a strategy that carries on without a lost "
-                        f"worker and takes a new one in its place: {', '.join(takers)}, with "
-                        f"an exact codec and run.checkpoint_every = 0 (strategy '{name}', "
-                        f"codec '{plan.compressor.name}')")
+                        f"worker and takes a new one in its place: {', '.join(takers)}, and "
+                        f"run.checkpoint_every = 0 (strategy '{name}', codec "
+                        f"'{plan.compressor.name}')")
     return plan.total_steps(plan.config["run"]["workers"])
 
 

@@ -16,10 +16,12 @@ JOINED = re.compile(r"fastsgd: worker 2 was killed by signal 9 \(SIGKILL\); a ne
 
 
 def _run(out, strategy="sgp", **env_vars):
+    strategy, _, codec = strategy.partition("+")  # e.g. sgp+qsgd: with a lossy codec
     name, _, topology = strategy.partition("-")
     sets = {"data.name": "digits", "model.name": "mlp", "run.workers": 4, "run.steps": STEPS,
             "run.eval_every": EVAL_EVERY, "strategy.name": name, "run.rejoin": "true",
-            "run.out": str(out), **({"strategy.topology": topology} if topology else {})}
+            "run.out": str(out), **({"strategy.topology": topology} if topology else {}),
+            **({"compression.name": codec} if codec else {})}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     return subprocess.run([sys.executable, "-m", "fastsgd", "run", "--quiet", "--no-report", *args],
                           capture_output=True, text=True, timeout=300,
@@ -28,7 +30,8 @@ def _run(out, strategy="sgp", **env_vars):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("strategy, late", [("sgp", 0), ("adpsgd", 0), ("dpsgd-ring", 0),
-                                            ("ps", 0), ("ltfb", 0), ("dpsgd-ring", 2)])
+                                            ("ps", 0), ("ltfb", 0), ("dpsgd-ring", 2),
+                                            ("sgp+qsgd", 0), ("adpsgd+topk", 0)])
 def test_a_killed_worker_is_replaced_by_one_that_joins_from_a_live_state(strategy, late,
                                                                           tmp_path):
     # late: the new process connects 2 s after it started, when the others have gone past
@@ -46,7 +49,7 @@ def test_a_killed_worker_is_replaced_by_one_that_joins_from_a_live_state(strateg
     assert (back["worker"], back["left_at_step"], back["joined_at_step"]) == (
         2, KILLED_AT, joined)
     assert summary["final_accuracy"] > 0.85 and summary["evaluations"] == STEPS // EVAL_EVERY
-    if strategy in ("sgp", "adpsgd", "ps"):  # they end in one model: the joiner's taken in
+    if strategy.partition("+")[0] in ("sgp", "adpsgd", "ps"):  # they end in one model: the joiner's taken in
         assert summary["consensus_distance"] < 1e-12
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     # the new process, from the step it joined at to the end (the killed one's last lines,

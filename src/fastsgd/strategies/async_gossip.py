@@ -30,7 +30,16 @@ import torch
 from fastsgd.compress.wire import pack, unpack
 from fastsgd.options import Option, at_least, between
 from fastsgd.strategies.base import Context
-from fastsgd.strategies.gossip import END_OPTIONS, TOPOLOGY_OPTIONS, Edge, _OnGraph, edge_copy
+from fastsgd.strategies.gossip import (
+    END_OPTIONS,
+    TOPOLOGY_OPTIONS,
+    Edge,
+    _OnGraph,
+    edge_copy,
+    opens_late,
+    send_start,
+    take_start,
+)
 from fastsgd.strategies.membership import await_messages
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.transport.base import PeerLost
@@ -46,7 +55,7 @@ class SGP(_OnGraph):
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = CODEC_KINDS  # a lost worker's share is dropped with its weight
     CARRIES_ON_REAL = True  # also on real processes: no collective while training
-    REJOINS = ("exact",)  # a new worker may take a lost one's place (run.rejoin): donate
+    REJOINS = CODEC_KINDS  # a new worker may take a lost one's place (run.rejoin): donate
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
         "onepeer"), "gamma": Option(float, 0.5, between(0, 1), "push step (lossy codecs only)"),
         "max_lag": Option(int, MAX_LAG, at_least(0), "at step k, first wait for the "
@@ -91,6 +100,10 @@ class SGP(_OnGraph):
         elif self.max_lag:
             self._await_lagging(t, ctx.step, state)
         ready = self._in_order(state)
+        for edge, _ in ready:  # a late edge's first push: its copy starts from the model sent
+            if "start" in state and edge not in state["received"] and opens_late(self._since,
+                                                                                 edge):
+                take_start(t, state, "received", edge)
         ctx.stats["staleness"] = max([ctx.step - int(p["number"][2]) for _, p in ready],
                                      default=0)
         z = self._mixed(flatten(params), peers, share, ready, state)
@@ -179,6 +192,8 @@ class SGP(_OnGraph):
         state["pushed"][edge] = number + 1
         number = [self._since, number, step]
         exact = self._codec.kind == "exact"  # then z itself: no copies to keep
+        if not exact and edge not in state["sent"] and opens_late(self._since, edge):
+            send_start(t, state, "sent", edge, z)
         copy = None if exact else edge_copy(state, "sent", edge)
         change = z if copy is None else (z.double() - copy).to(z.dtype)
         buffer = pack({**self._codec.compress(change), "weight": share,

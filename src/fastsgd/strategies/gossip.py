@@ -179,6 +179,32 @@ def mix(local: torch.Tensor, topology: Topology, ctx: Context) -> torch.Tensor:
 
 
 Edge = tuple[int, int]  # the process at an edge's other end: (rank, the step it joined at)
+EDGE_START = 25  # message tag: the model a new process's edge copies start from (run.rejoin)
+
+
+def opens_late(own_since: int, edge: Edge) -> bool:
+    """Does this edge join a process that took a lost one's place (run.rejoin)? Its copies
+    cannot start from the model every replica started from: mid-run the live models are far
+    from it, the first compressed changes would be large, and the receiver would mix in a
+    model far from its own. So the sender sends its model exact once, and both ends' copies
+    start from it (`send_start`, `take_start`)."""
+    return bool(own_since or edge[1])
+
+
+def send_start(t: Any, state: dict[str, Any], edges: str, edge: Edge,
+               model: torch.Tensor) -> torch.Tensor:
+    """Open a late edge from the sending end: its copy is `model`, sent exact."""
+    t.post(model, edge[0], EDGE_START)
+    state[edges][edge] = copy = state["start"].clone().copy_(model)
+    return copy
+
+
+def take_start(t: Any, state: dict[str, Any], edges: str, edge: Edge) -> torch.Tensor:
+    """Open a late edge from the receiving end: its copy is the sender's model, taken from
+    the message `send_start` sent before the edge's first compressed one."""
+    model = t.take_from(EDGE_START, edge[0])
+    state[edges][edge] = copy = state["start"].clone().copy_(model.view_as(state["start"]))
+    return copy
 
 
 def edge_copy(state: dict[str, Any], edges: str, edge: Edge) -> torch.Tensor:

@@ -40,7 +40,15 @@ from fastsgd.compress.wire import pack
 from fastsgd.errors import UserError
 from fastsgd.options import Option, at_least
 from fastsgd.strategies.base import Context
-from fastsgd.strategies.gossip import END_OPTIONS, TOPOLOGY_OPTIONS, _OnGraph, edge_copy
+from fastsgd.strategies.gossip import (
+    END_OPTIONS,
+    TOPOLOGY_OPTIONS,
+    _OnGraph,
+    edge_copy,
+    opens_late,
+    send_start,
+    take_start,
+)
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.transport.base import PeerLost
 
@@ -56,7 +64,7 @@ class ADPSGD(_OnGraph):
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = CODEC_KINDS  # an exchange with a lost peer is given up
     CARRIES_ON_REAL = True  # also on real processes: no collective while training
-    REJOINS = ("exact",)  # a new worker may take a lost one's place (run.rejoin): joined
+    REJOINS = CODEC_KINDS  # a new worker may take a lost one's place (run.rejoin): joined
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "rotate": Option(bool, False, doc="rotate partners (GossipGraD)"),
                "max_lag": Option(int, MAX_LAG, at_least(0), "at step k, first wait until "
@@ -126,7 +134,10 @@ class ADPSGD(_OnGraph):
         if self._codec.kind == "exact":  # x itself: no copy to keep
             payload = pack(self._codec.compress(x))
         else:
-            copy = edge_copy(state, "copies", (peer, t.returned_at(peer, step)))
+            pair = (peer, t.returned_at(peer, step))
+            if pair not in state["copies"] and opens_late(self._since, pair):
+                send_start(t, state, "copies", pair, x)
+            copy = edge_copy(state, "copies", pair)
             payload = pack(self._codec.compress(x - copy))
             copy += decode_buffer(self._codec, payload, x, t.rank)
         t.post(_tagged(REQUEST, self._since, step, step, payload), peer, PAIR)
@@ -186,6 +197,10 @@ class ADPSGD(_OnGraph):
             return x
         lossy = codec.kind != "exact"  # a copy per pair of processes (gossip.edge_copy)
         if kind == REQUEST:
+            late = lossy and (src, since) not in state["copies"] and opens_late(self._since,
+                                                                                (src, since))
+            if late:
+                take_start(t, state, "copies", (src, since))
             copy = edge_copy(state, "copies", (src, since)) if lossy else None
             theirs = decode_buffer(codec, payload, x, src)
             if copy is not None:

@@ -34,6 +34,8 @@ class SimFabric:
         self.inbox: dict[tuple[int, int], deque[torch.Tensor]] = defaultdict(deque)
         self.receiving: dict[int, int] = {}  # rank -> src it blocks on
         self.in_transit: dict[tuple[int, int], int] = defaultdict(int)  # (src, dst) -> sends
+        self.coming: dict[tuple[int, int, int], int] = defaultdict(int)  # (src, dst, tag) ->
+        # messages on their way that cannot be lost (not droppable)
         self.mail: dict[tuple[int, int], deque[tuple[int, torch.Tensor]]] = defaultdict(deque)
         self.awaiting: dict[int, int] = {}  # rank -> message tag it blocks on
         self.handlers: dict[tuple[int, int], Callable[[int, torch.Tensor], None]] = {}
@@ -165,6 +167,8 @@ class SimFabric:
         payload = payload.clone() if copy else payload
         if tag is None:
             self.in_transit[(src, dst)] += 1
+        elif not droppable:
+            self.coming[(src, dst, tag)] += 1
         if src == dst:
             self.scheduler.at(now, lambda: self._file(sender, dst, to, tag, payload, now))
             return
@@ -185,6 +189,8 @@ class SimFabric:
         src = sender[0]
         if tag is None:
             self.in_transit[(src, dst)] -= 1
+        elif (src, dst, tag) in self.coming:
+            self.coming[(src, dst, tag)] -= 1
         if not self.membership.accepts(dst, to):
             return
         handler = self.handlers.get((dst, tag)) if tag is not None else None

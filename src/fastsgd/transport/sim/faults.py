@@ -114,8 +114,8 @@ class Faults:
         if self.restart_ns is not None and kind not in getattr(strategy, "REJOINS", ()):
             raise ConfigError(f"run.rejoin = true: strategy.name = '{name}' with "
                               f"compression.name = '{codec.name}' does not take a new worker "
-                              "in a lost one's place (sgp, adpsgd, dpsgd, ps and ltfb do, with "
-                              "an exact codec)")
+                              "in a lost one's place (sgp and adpsgd do, also with a lossy "
+                              "codec; dpsgd, ps and ltfb with an exact one)")
         if not self.crashing:
             return
         kinds = getattr(strategy, "CARRIES_ON", ())

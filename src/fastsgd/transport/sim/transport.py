@@ -196,9 +196,10 @@ class SimTransport:
 
     def take_from(self, tag: int, src: int, step: int | None = None,
                   timeout: float | None = None) -> torch.Tensor:
-        """The next message with `tag` from `src`. PeerLost when the process that would
-        send it (standing for `src` at `step`, or at this worker's) is known lost, even if
-        another has taken its rank's place since. Virtual time does not time out."""
+        """The next message with `tag` from `src`, waiting for one on its way. Else
+        PeerLost when the process that would send it (standing for `src` at `step`, or at
+        this worker's) is known lost, even if another has taken its rank's place since.
+        Virtual time does not time out."""
         queue = self.fabric.mail[(self.rank, tag)]
         standing = self.returned_at(src, self._step if step is None else step)
         while True:
@@ -207,7 +208,8 @@ class SimTransport:
                     del queue[i]
                     self._received(frame_bytes(payload))
                     return payload
-            if src in self.departed() or self.returned_at(src, sys.maxsize) != standing:
+            gone = src in self.departed() or self.returned_at(src, sys.maxsize) != standing
+            if gone and not self.fabric.coming[(src, self.rank, tag)]:
                 raise PeerLost([src])
             self.fabric.awaiting[self.rank] = tag
             self.scheduler.block(self.rank)  # woken by a message or a departure
