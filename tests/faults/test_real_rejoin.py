@@ -49,7 +49,8 @@ def test_a_killed_worker_is_replaced_by_one_that_joins_from_a_live_state(strateg
     assert (back["worker"], back["left_at_step"], back["joined_at_step"]) == (
         2, KILLED_AT, joined)
     assert summary["final_accuracy"] > 0.85 and summary["evaluations"] == STEPS // EVAL_EVERY
-    if strategy.partition("+")[0] in ("sgp", "adpsgd", "ps"):  # they end in one model: the joiner's taken in
+    # sgp, adpsgd and ps end in one model: the joiner's taken in
+    if strategy.partition("+")[0] in ("sgp", "adpsgd", "ps"):
         assert summary["consensus_distance"] < 1e-12
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     # the new process, from the step it joined at to the end (the killed one's last lines,

@@ -79,3 +79,22 @@ def test_dpsgd_on_real_processes_equals_the_simulator(synthetic, tmp_path):
     sim = sim_job(synthetic, tmp_path / "s", {"name": "dpsgd", "topology": "ring"},
                   steps=30).simulate(4)
     assert max_abs_diff(params(real), params(sim)) < 1e-5
+
+
+def test_the_default_consensus_step_shrinks_with_the_codec_and_draws_nothing():
+    """strategy.gamma = 0 (the default): 2.5 times the codec's share of the bytes, at most
+    0.5 (CHOCO's step shrinks with the codec's quality); measuring it leaves the random
+    streams as they were."""
+    from fastsgd.compress import build_compressor
+    from fastsgd.strategies.gossip import auto_gamma
+
+    like = torch.zeros(100_000)
+    torch.manual_seed(0)
+    before = torch.random.get_rng_state()
+    steps = {name: auto_gamma(build_compressor({"name": name}), like)
+             for name in ("topk", "randomk", "dgc", "onebit", "qsgd", "fp16")}
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert abs(steps["topk"] - 2.5 * 0.04) < 0.002  # 2% of the values, with their indices
+    assert abs(steps["randomk"] - 2.5 * 0.02) < 0.002  # the indices come from a seed
+    assert steps["dgc"] < steps["randomk"] < steps["topk"] < steps["qsgd"] < 0.5
+    assert steps["fp16"] == 0.5  # half the bytes: capped

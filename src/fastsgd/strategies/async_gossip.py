@@ -10,7 +10,10 @@ for the slowest worker (the pairwise kind, adpsgd, is in pairwise.py).
   since a copy of the sender's parameters that both ends of the edge keep, so that it can be
   compressed: the receiver adds its weight times the copy and the sender loses exactly that;
   what a codec holds back stays with the sender, so with a lossy codec a push moves only
-  `gamma` of the share (as CHOCO-gossip's step, Koloskova et al. 2019).
+  `gamma` of the share (as CHOCO-gossip's step, Koloskova et al. 2019). What stays moves
+  the sender's de-biased model away from the edge's copy by gamma/(d+1-gamma) of their gap
+  at each push, and the codec must close more of the gap than that: by default (`gamma`
+  0) the step shrinks with the codec's quality, as CHOCO's (gossip.auto_gamma).
   With an exact codec (`none`) the push carries the parameters themselves and nobody keeps
   copies (each one is a model per edge: 58 MB per simulated MLP worker on the one-peer graph
   of 256 workers).
@@ -35,6 +38,7 @@ from fastsgd.strategies.gossip import (
     TOPOLOGY_OPTIONS,
     Edge,
     _OnGraph,
+    auto_gamma,
     edge_copy,
     opens_late,
     send_start,
@@ -57,12 +61,13 @@ class SGP(_OnGraph):
     CARRIES_ON_REAL = True  # also on real processes: no collective while training
     REJOINS = CODEC_KINDS  # a new worker may take a lost one's place (run.rejoin): donate
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
-        "onepeer"), "gamma": Option(float, 0.5, between(0, 1), "push step (lossy codecs only)"),
+        "onepeer"), "gamma": Option(float, 0.0, between(0, 1), "push step (lossy codecs only; "
+                                    "0: from the codec's compression)"),
         "max_lag": Option(int, MAX_LAG, at_least(0), "at step k, first wait for the "
                           "in-neighbours' pushes of step k - max_lag (0: never wait)"),
         **END_OPTIONS}
 
-    def __init__(self, topology: str = "onepeer", gamma: float = 0.5, max_lag: int = MAX_LAG,
+    def __init__(self, topology: str = "onepeer", gamma: float = 0.0, max_lag: int = MAX_LAG,
                  average_at_end: bool = True, **graph: Any):
         super().__init__(topology, **graph)
         self.gamma, self.max_lag, self.average_at_end = gamma, max_lag, average_at_end
@@ -75,9 +80,10 @@ class SGP(_OnGraph):
         self._seen: dict[int, int] = {}  # per sender: the latest step it pushed from
         self._floor: int | None = 0  # pushes of earlier steps were all taken in (max_lag)
         self._codec = ctx.compressor
-        self._step = 1.0 if self._codec.kind == "exact" else self.gamma
         self._fields = [*self._codec.FIELDS, "weight", "number"]
         start = flatten(params)
+        self._step = 1.0 if self._codec.kind == "exact" else self.gamma or auto_gamma(
+            self._codec, start)
         state = {"weight": torch.ones(1, dtype=torch.float64, device=start.device),
                  "sent": {}, "received": {},  # the edges' copies (lossy codecs)
                  "pushed": {}, "taken": {}, "held": {}}  # per edge: pushes numbered, early ones
@@ -258,3 +264,4 @@ class SGP(_OnGraph):
             gone = t.absent(s)
             count += sum(1 for p in self.topology.in_neighbors(t.rank, s) if p not in gone)
         return count
+
