@@ -3,7 +3,7 @@ communication does to momentum and adaptive optimizers. One table, optimizer x s
 codec, at 16 simulated workers.
 
     python benchmarks/optimizer_table.py [--steps 600] [--jobs 2] [--json out.json]
-        [--only-strategies allreduce,ps] [--only-optimizers adam]
+        [--only-strategies allreduce,ps] [--only-optimizers adam] [--only-codecs topk]
 
 MLP on Fashion-MNIST, 16 simulated workers, batch 32 each (global 512), fixed compute of 1 ms
 a forward + backward, a 1 Gbit/s, 50 us network; every strategy and codec at its defaults
@@ -60,20 +60,22 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only-strategies", default=",".join(STRATEGIES))
     ap.add_argument("--only-optimizers", default=",".join(OPTIMIZERS))
+    ap.add_argument("--only-codecs", default=",".join(CODECS))
     ap.add_argument("--json")
     args = ap.parse_args()
     strategies, optimizers = args.only_strategies.split(","), args.only_optimizers.split(",")
-    cells = [(o, s, c) for o in optimizers for s in strategies for c in CODECS]
+    codecs = args.only_codecs.split(",")
+    cells = [(o, s, c) for o in optimizers for s in strategies for c in codecs]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda x: cell(*x, args.steps), cells))
     found = dict(zip(cells, results))
     print(f"MLP, Fashion-MNIST, 16 simulated workers, batch 32, {args.steps} steps, 1 Gbit/s "
           "50 us, 1 ms compute; each cell: final accuracy, simulated time to 85%\n")
-    print("| optimizer | strategy | " + " | ".join(CODECS) + " |")
-    print("| --- | --- | " + " | ".join("---" for _ in CODECS) + " |")
+    print("| optimizer | strategy | " + " | ".join(codecs) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in codecs) + " |")
     for o in optimizers:
         for s in strategies:
-            print(f"| {o} | {s} | " + " | ".join(show(found[(o, s, c)]) for c in CODECS) + " |")
+            print(f"| {o} | {s} | " + " | ".join(show(found[(o, s, c)]) for c in codecs) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(
             [{"optimizer": o, "strategy": s, "codec": c, "summary": r}
