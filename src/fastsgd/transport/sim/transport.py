@@ -240,8 +240,11 @@ class SimTransport:
 
     def starting(self, step: int) -> list[tuple[int, int]]:
         """This worker starts `step`; per rank, the step its latest new process joins at
-        (0: none) and its donor (rejoin.py)."""
+        (0: none) and its donor (rejoin.py); none without run.rejoin (a list per worker and
+        step is n^2 work at 1024 workers)."""
         self.fabric.progress[self.rank] = self._step = step
+        if self.fabric.replace is None:
+            return []
         membership = self.fabric.membership
         return list(zip(membership.since, membership.donor))
 
