@@ -69,6 +69,10 @@ def complete(loop: Loop, step: int, digest: bytes, began: float,
     if write_manifest and loop.leads_node:
         commit(loop.plan.run_dir, step, digests, loop.plan.config["run"]["keep_checkpoints"],
                loop.t.members(), loop.t.world_size)
+    # nobody goes on before the manifest is in: a worker that died right after its part
+    # got the others stopped while the leader was still committing (CI saw no complete
+    # checkpoint after a kill -9 at a checkpoint's step)
+    loop.t.barrier()
     loop.paused += loop.t.now() - began
 
 
