@@ -100,7 +100,8 @@ def test_a_worker_cannot_go_past_a_join_step_before_it_reads_it():
     # measured their speed, then ran past the join step it set; the donor never sent the
     # new worker its state
     stop = Stop(mp.get_context("fork"), 3)
-    stop.progress[:] = [50, 50, 40]
+    for rank, done in enumerate([50, 50, 40]):
+        stop.progress[rank] = done
     first_seen = []
 
     def worker():

@@ -1,5 +1,5 @@
-"""`fastsgd run|simulate|demo|report|bench|topology|keys`: the command line. User errors end in one
-line, exit code 2."""
+"""`fastsgd run|simulate|demo|join|report|bench|topology|keys`: the command line. User errors
+end in one line, exit code 2."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ USAGE_EXAMPLES = """examples:
   fastsgd simulate my.toml --set run.workers=64 --set network.bandwidth=100Mbit
   fastsgd run runs/allreduce-20261126-101500/config.toml     repeat a run (in a new folder)
   fastsgd run --resume runs/allreduce-20261126-101500        continue it from its checkpoint
+  fastsgd join runs/sgp-20261126-101500                      take a lost worker's place
   fastsgd report runs/a runs/b --out cmp                     tables, plots, one HTML page
   fastsgd bench sweep.toml --jobs 2                          a matrix of runs, then a report
   fastsgd pack train.py --out job.fsj                        a job without its source
@@ -55,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                                 "IDX files; sets data.name and data.path")
     text = "list every config section and key: type, default, meaning"
     sub.add_parser("keys", help=text, description=text)
+    _join_parser(sub)
     _topology_parser(sub)
     _pack_parser(sub)
     _report_parser(sub)
@@ -106,6 +108,40 @@ def _pack(args: argparse.Namespace) -> int:
     size = written.stat().st_size / 1e6
     print(f"packed {args.source} into {written} ({size:.2f} MB); train it with: "
           f"fastsgd run {written}   (or: fastsgd simulate {written})")
+    return 0
+
+
+def _join_parser(sub: argparse._SubParsersAction) -> None:
+    text = ("take a lost worker's place in a running `fastsgd run` (run.join = true), from a "
+            "live worker's state; waits for a place if every worker is running")
+    p = sub.add_parser("join", help=text, description=text)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory (this machine)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _join(args: argparse.Namespace) -> int:
+    from fastsgd.door import DOOR, knock
+    from fastsgd.interrupt import Stop
+    from fastsgd.job import Job
+    from fastsgd.processes import train_joined
+
+    run_dir = Path(args.run_dir)
+    Stop.attach(run_dir / DOOR)  # fails in one line before the data is loaded for nothing
+    job = Job(resume=run_dir, quiet=args.quiet)
+    plan = job.plan(job.config)  # ready before it knocks: a standby joins at once
+
+    def say(text: str) -> None:
+        print(f"fastsgd join: {text}", file=sys.stderr, flush=True)
+
+    answer = knock(run_dir, say)
+    if answer is None:
+        say(f"the run in {run_dir} ended before a place came free")
+        return 0
+    stop, join = answer
+    rank, step, donor, _ = join.split(":")
+    say(f"worker {rank} of {run_dir}, from step {step}, with worker {donor}'s state")
+    train_joined(plan, stop, join)
+    say(f"worker {rank} trained to the end of the run")
     return 0
 
 
@@ -192,6 +228,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _show_topology(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "join":
+        return _join(args)
     if args.command == "pack":
         return _pack(args)
     if args.command == "bench":

@@ -83,6 +83,9 @@ SCHEMA: dict[str, dict[str, Option]] = {
                          "ps or ltfb (exact codecs), is replaced by a new process, which joins "
                          "from a live worker's state (fastsgd run's own workers, and the "
                          "simulator)"),
+        "join": Option(bool, False, doc="a lost worker's place (as for run.rejoin) is "
+                       "taken by a process started from outside with fastsgd join RUN_DIR "
+                       "(fastsgd run's own workers, one machine)"),
         "max_bad_steps": Option(int, 10, at_least(0), "steps in a row a worker may skip for a "
                                 "NaN or inf loss or gradient before the run stops"),
     },

@@ -31,7 +31,10 @@ import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
+
+from fastsgd.slots import ARRAYS, Slots
 
 # A new worker's exit status when the worker it was to take its state from was lost first:
 # the launcher takes it for lost too, and starts another from a live worker (launch.py)
@@ -54,10 +57,12 @@ class _ProcessLock:
     workers lock through the descriptor they inherit (record locks belong to processes, not
     to descriptors)."""
 
-    def __init__(self) -> None:
-        self._fd, path = tempfile.mkstemp(prefix="fastsgd-lock-")
-        os.unlink(path)
-        weakref.finalize(self, _close_if_owner, self._fd, os.getpid())
+    def __init__(self, fd: int | None = None) -> None:
+        if fd is None:
+            fd, path = tempfile.mkstemp(prefix="fastsgd-lock-")
+            os.unlink(path)
+            weakref.finalize(self, _close_if_owner, fd, os.getpid())
+        self._fd = fd
         self._pid, self._threads = -1, threading.Lock()
 
     def __enter__(self) -> None:
@@ -81,24 +86,35 @@ def _close_if_owner(fd: int, owner: int) -> None:
 
 
 class Stop:
-    """`ctx`: a multiprocessing context, shared with forked workers; None: one process (the
-    simulator, whose workers are coroutines of one thread)."""
+    """`ctx`: a multiprocessing context, shared with forked workers (in a file of the run
+    directory at `path`, which processes from outside can map too: slots.py); None: one
+    process (the simulator, whose workers are coroutines of one thread)."""
 
-    def __init__(self, ctx: Any, workers: int):
-        self.progress = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
-        self.stop_at = ctx.Value("q", 0, lock=False) if ctx else _Value()
+    def __init__(self, ctx: Any, workers: int, path: Path | None = None,
+                 slots: Slots | None = None):
+        self.slots = slots or (Slots(workers, path) if ctx else None)
+        arrays = self.slots.arrays if self.slots else {
+            name: [1 if name == "ready" else 0] * workers for name in ARRAYS}
+        # the steps each worker has done (recorded as it starts and ends each step)
+        self.progress = arrays["progress"]
+        self.stop_at = self.slots.cell("stop_at") if self.slots else _Value()
         # 1 once a worker is connected to all its peers, so that they can go on without it
-        self.ready = ctx.Array("b", workers, lock=False) if ctx else [1] * workers
+        self.ready = arrays["ready"]
         # the step from which a worker started again in place of a lost one is back (0: none)
-        self.joined_at = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
-        self.donor = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
+        self.joined_at = arrays["joined_at"]
+        self.donor = arrays["donor"]
         # the steps the last lost process of each rank had done, before a new one took over
-        self.left_after = ctx.Array("q", workers, lock=False) if ctx else [0] * workers
+        self.left_after = arrays["left_after"]
         # a worker records the step it starts and reads the steps set for it under this lock,
         # and the launcher sets them under it ahead of every recorded step: so no worker can
         # have gone past a step set for it before it reads it (a lost race would leave it,
         # say, donating a joiner's state never, or stopping never)
-        self.lock = _ProcessLock() if ctx else nullcontext()
+        self.lock = _ProcessLock(self.slots.fd) if self.slots else nullcontext()
+
+    @classmethod
+    def attach(cls, path: Path) -> Stop:
+        """The Stop of a running launcher, from its file (run.join: door.py)."""
+        return cls(None, 0, slots=Slots.attach(path))
 
     def request(self) -> int:
         """Set the step every worker stops after; returns it."""

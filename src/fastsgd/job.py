@@ -32,7 +32,7 @@ from fastsgd.models import build_model
 from fastsgd.objects import is_import_path, resolve
 from fastsgd.observe import EvalLog, Observer
 from fastsgd.pack import PACKED, PackedFactory
-from fastsgd.processes import backend_of, expendable, rejoin_steps, train_process
+from fastsgd.processes import backend_of, door_of, expendable, rejoin_steps, train_process
 from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out, dropped_if_empty
 from fastsgd.strategies import Strategy, build_strategy
@@ -46,6 +46,8 @@ from fastsgd.worker import EvalFn, Plan, StepFn, evaluate_classifier, train
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
 ARCHIVE_SUFFIX = ".fsj"  # a job archive (fastsgd pack) in place of a config file
+NO_JOIN = ("run.join = true lets processes from outside (fastsgd join) into `fastsgd run`'s "
+           "own workers, not into {where}: {instead}")
 
 
 @dataclass
@@ -167,7 +169,7 @@ class Job:
             failures = supervise(plan, lambda attempt: launch(
                 lambda: train_process(plan), config["run"]["workers"], restart=attempt,
                 expendable=expendable(plan), survivors_stop=config["run"]["on_failure"] == "stop",
-                rejoin=rejoin_steps(plan)))
+                rejoin=rejoin_steps(plan), door=door_of(plan)))
         return _result(plan.run_dir, failures)
 
     def _names_the_folder(self, config: dict) -> bool:
@@ -186,6 +188,9 @@ class Job:
             _check_compute(config["compute"], n, seed)
         # before the run directory exists
         faults = Faults.parse(config["faults"], n, config["run"]["rejoin"])
+        if config["run"]["join"]:
+            raise ConfigError(NO_JOIN.format(where="the simulator", instead="run.rejoin = "
+                                             "true starts new workers in lost ones' places"))
         strategy = self._strategy_object(config)
         if getattr(strategy, "REAL_ONLY", False):
             raise ConfigError(f"strategy.name = '{strategy.name}' runs on real processes only "
@@ -218,6 +223,9 @@ class Job:
     def _run_here(self) -> Result:
         """One worker of a torchrun job; Ctrl-C as interrupt.py's StoreStop says."""
         run = self.config["run"]
+        if run["join"]:
+            raise ConfigError(NO_JOIN.format(where="torchrun", instead="torchrun's own "
+                                             "--max-restarts restarts every worker"))
         transport = TorchTransport(backend_of(self.config), run["timeout"])
         stop = interrupt.StoreStop(transport.store(), transport.rank, transport.world_size)
         interrupt.share(stop)

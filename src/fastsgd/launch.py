@@ -25,6 +25,7 @@ from multiprocessing import connection
 import torch
 import torch.distributed as dist
 
+from fastsgd.door import EVERY, GONE, GONE_FAILED, Door
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
 from fastsgd.interrupt import DONOR_LOST, Stop, catching, share
 
@@ -43,7 +44,7 @@ def free_port() -> int:
 
 def launch(fn: Callable[[], object], workers: int, restart: int = 0,
            expendable: int | None = None, survivors_stop: bool = False,
-           rejoin: int | None = None) -> None:
+           rejoin: int | None = None, door: Door | None = None) -> None:
     """Run `fn()` in `workers` processes with RANK/WORLD_SIZE/MASTER_* set (and
     FASTSGD_RESTART, how many times the run was restarted); wait for all. The first worker
     that fails stops the others at once, except a worker of rank `expendable` or above
@@ -51,7 +52,8 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
     `survivors_stop`, write a checkpoint and stop (WorkerFailed once they have ended).
     With `rejoin` (the run's steps), a new process takes its place and joins the others
     at a step they agree on, from a live worker's state (FASTSGD_JOIN=STEP:DONOR:SINCE).
-    WorkerFailed too if every worker was lost."""
+    With `door`, a process started from outside (fastsgd join) takes a lost worker's place
+    the same way (door.py). WorkerFailed too if every worker was lost."""
     if torch.cuda.is_initialized():  # a forked child cannot use the parent's CUDA context
         raise UserError("this process used CUDA before starting its workers, and forked "
                         "workers cannot use it: start them first, or use torchrun")
@@ -59,8 +61,8 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
     ctx = mp.get_context("fork")
     errors = ctx.SimpleQueue()
     port = free_port()
-    stop = Stop(ctx, workers)
-    join = "" if rejoin is not None else None  # "": the workers accept joiners
+    stop = Stop(ctx, workers, door.path if door else None)
+    join = "" if rejoin is not None or door else None  # "": the workers accept joiners
     procs = [ctx.Process(target=_child, args=(fn, rank, workers, port, errors, restart, stop,
                                               join), name=f"fastsgd-worker-{rank}")
              for rank in range(workers)]
@@ -69,12 +71,18 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
             for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
                 p.start()
             store = _store(port, workers)  # noqa: F841 - held until the workers have ended
-            start = None if rejoin is None else _Rejoin(
-                ctx, fn, workers, port, errors, restart, stop, rejoin)
-            _wait(procs, errors, expendable, survivors_stop, stop.ready, start)
+            steps = rejoin if rejoin is not None else door.steps if door else None
+            joins = None if steps is None else _Rejoin(
+                ctx, fn, workers, port, errors, restart, stop, steps)
+            if door and joins:
+                door.open(stop, port, joins.join_step)
+            _wait(procs, errors, expendable, survivors_stop, stop.ready,
+                  joins if rejoin is not None else None, door)
         except KeyboardInterrupt:
             _stop(procs, stop)
         finally:
+            if door:
+                door.close()
             _end(procs)
 
 
@@ -113,15 +121,19 @@ def _end(procs: list[mp.process.BaseProcess]) -> None:
 
 def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
           expendable: int | None, survivors_stop: bool = False,
-          ready: Sequence[int] = (), rejoin: _Rejoin | None = None) -> None:
+          ready: Sequence[int] = (), rejoin: _Rejoin | None = None,
+          door: Door | None = None) -> None:
     """Until all have ended; a failure is seen the moment its process ends. A death before
     every worker was `ready` (connected to all its peers) stops them all: its peers may be
     waiting for it in the rendezvous, where they would learn of it only at run.timeout.
     With `rejoin`, a lost worker's place is taken by a new process (procs is updated); one
-    that dies before it connected stops them all too (its peers wait for it)."""
+    that dies before it connected stops them all too (its peers wait for it). With `door`,
+    a process from outside takes a lost worker's place when it asks (door.py)."""
     running, lost, formed = list(procs), set(), False
     while running:
-        for sentinel in connection.wait([p.sentinel for p in running]):
+        if door:
+            _let_in(door, procs, running, lost)
+        for sentinel in connection.wait([p.sentinel for p in running], door and EVERY):
             p = next(p for p in running if p.sentinel == sentinel)
             p.join()
             running.remove(p)
@@ -163,8 +175,21 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
         raise WorkerFailed(f"{failure}{then}", died=True)
 
 
+def _let_in(door: Door, procs: list, running: list, lost: set[int]) -> None:
+    """The process at the door, if any, takes the lowest vacant rank's place."""
+    outside = door.admit(sorted(lost), [procs.index(q) for q in running])
+    if outside is not None:
+        procs[outside.rank] = outside
+        running.append(outside)
+        lost.discard(outside.rank)
+        print(f"fastsgd: process {outside.pid} (fastsgd join) takes worker {outside.rank}'s "
+              f"place from step {door.stop.joined_at[outside.rank]}, with worker "
+              f"{door.stop.donor[outside.rank]}'s state", file=sys.stderr, flush=True)
+
+
 class _Rejoin:
-    """Starts a new worker process in place of a lost one (`launch`'s `rejoin`)."""
+    """Starts a new worker process in place of a lost one (`launch`'s `rejoin`), and sets
+    the join step of one from outside (fastsgd join)."""
 
     def __init__(self, ctx, fn: Callable[[], object], workers: int, port: int,
                  errors: mp.SimpleQueue, restart: int, stop: Stop, steps: int):
@@ -175,17 +200,25 @@ class _Rejoin:
         """The new process for lost `rank`, joining from the state of the lowest running
         worker that has one (not another joiner still waiting for its own);
         None when there is none, or the run ends before it could join."""
-        if not running:
-            return None
-        donor = min([r for r in running if self.stop.settled(r)] or running)
-        step = self.stop.rejoin(rank, donor, self.steps)
+        step = self.join_step(rank, running)
         if step is None:
             return None
+        donor = self.stop.donor[rank]
         joiner = self.ctx.Process(target=_child, args=(
             self.fn, rank, self.workers, self.port, self.errors, self.restart, self.stop,
             f"{step}:{donor}:{self.stop.joined_at[donor]}"), name=f"fastsgd-worker-{rank}")
         joiner.start()
         return joiner
+
+
+    def join_step(self, rank: int, running: list[int]) -> int | None:
+        """Set the step a new process in `rank` joins at, from the state of the lowest
+        running worker that has one (Stop.donor); None: no one to take it from, or the run
+        ends first."""
+        if not running:
+            return None
+        donor = min([r for r in running if self.stop.settled(r)] or running)
+        return self.stop.rejoin(rank, donor, self.steps)
 
 
 def _stop(procs: list[mp.process.BaseProcess], stop: Stop) -> None:
@@ -209,6 +242,10 @@ def _stop(procs: list[mp.process.BaseProcess], stop: Stop) -> None:
 def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Exception:
     """What to tell: a worker killed by a signal, else the workers' own reports (user
     errors first, then by rank), else a death without a message."""
+    if exitcode in (GONE, GONE_FAILED):
+        how = ("failed (its error is in its own output)" if exitcode == GONE_FAILED else
+               "ended without telling how (killed?)")
+        return WorkerFailed(f"worker {rank}, a process of fastsgd join, {how}", died=True)
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name
         return WorkerFailed(f"worker {rank} was killed by signal {-exitcode} ({name})",
@@ -229,6 +266,15 @@ def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Excepti
     return WorkerFailed(f"worker {first_rank} failed: {message}\n{trace}")
 
 
+def worker_environment(rank: int, world: int, port: int, restart: int = 0) -> None:
+    """What a worker of the launcher's finds in its environment, and one intra-op thread."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), FASTSGD_RESTART=str(restart),
+                      TORCHELASTIC_USE_AGENT_STORE="True")  # the launcher's (_store)
+    torch.set_num_threads(1)
+
+
 def _child(fn: Callable[[], object], rank: int, world: int, port: int,
            errors: mp.SimpleQueue, restart: int, stop: Stop, join: str | None = None) -> None:
     """`join`: None, or the run takes new workers in lost ones' places (run.rejoin): "",
@@ -239,11 +285,7 @@ def _child(fn: Callable[[], object], rank: int, world: int, port: int,
         os.environ["FASTSGD_REJOIN"] = "1"  # keep the message port open for joiners
     if join:
         os.environ["FASTSGD_JOIN"] = join
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), FASTSGD_RESTART=str(restart),
-                      TORCHELASTIC_USE_AGENT_STORE="True")  # the launcher's (_store)
-    torch.set_num_threads(1)
+    worker_environment(rank, world, port, restart)
     try:
         fn()
     except BaseException as e:  # noqa: BLE001 - reported to the parent, then exit 1

@@ -3,10 +3,13 @@ new one in its place: the launcher's side of Job.run (see launch.py, supervise.p
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from fastsgd import interrupt
+from fastsgd.door import DOOR, ENDED_WELL, FAILED, Door
 from fastsgd.errors import UserError
+from fastsgd.launch import worker_environment
 from fastsgd.strategies import STRATEGIES
 from fastsgd.strategies.membership import (
     carries_on_for_real,
@@ -52,15 +55,27 @@ def expendable(plan: Plan) -> int | None:
 
 def rejoin_steps(plan: Plan) -> int | None:
     """run.rejoin: the run's steps, for the launcher to start a new worker in place of a
-    lost one (the strategy must carry on without it and take it back: REJOINS); None: no."""
-    if not plan.config["run"]["rejoin"]:
+    lost one; None: no."""
+    return _joinable_steps(plan, "rejoin") if plan.config["run"]["rejoin"] else None
+
+
+def door_of(plan: Plan) -> Door | None:
+    """run.join: the door through which a process from outside (fastsgd join) takes a lost
+    worker's place (door.py); None: no."""
+    if not plan.config["run"]["join"]:
         return None
+    return Door(plan.run_dir / DOOR, _joinable_steps(plan, "join"))
+
+
+def _joinable_steps(plan: Plan, key: str) -> int:
+    """The run's steps, once sure that the strategy carries on without a lost worker and
+    takes a new one in its place (REJOINS); else UserError naming run.`key`."""
     name = plan.config["strategy"]["name"]
     if survives(plan) != "carry_on" or plan.compressor.kind not in getattr(
             plan.strategy, "REJOINS", ()):
         takers = [f"{n}{'' if len(kinds) > 1 else ' (exact codecs)'}" for n in STRATEGIES
                   if (kinds := getattr(STRATEGIES.get(n), "REJOINS", ()))]
-        raise UserError(f"run.rejoin = true needs a strategy that carries on without a lost "
+        raise UserError(f"run.{key} = true needs a strategy that carries on without a lost "
                         f"worker and takes a new one in its place: {', '.join(takers)}, and "
                         f"run.checkpoint_every = 0 (strategy '{name}', codec "
                         f"'{plan.compressor.name}')")
@@ -81,3 +96,18 @@ def train_process(plan: Plan) -> None:
         train(plan, transport)
     finally:
         transport.close()
+
+
+def train_joined(plan: Plan, stop: interrupt.Stop, join: str) -> None:
+    """In `fastsgd join`: train as the worker the launcher let in at its door (door.knock's
+    "RANK:STEP:DONOR:SINCE"), and tell it how this process ended."""
+    rank, _, os.environ["FASTSGD_JOIN"] = join.partition(":")
+    os.environ["FASTSGD_REJOIN"] = "1"
+    worker_environment(int(rank), stop.slots["workers"], stop.slots["port"])
+    interrupt.share(stop)
+    ended = FAILED
+    try:
+        train_process(plan)
+        ended = ENDED_WELL
+    finally:
+        stop.slots.arrays["ended"][int(rank)] = ended

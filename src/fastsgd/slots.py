@@ -1,0 +1,83 @@
+"""What `fastsgd run`'s launcher shares with its workers (interrupt.Stop), as one block of
+int64 slots: in anonymous memory that forked workers inherit, or, when the run takes
+workers from outside (run.join, door.py), in a file of the run directory that any process
+of the machine can map. Aligned int64 reads and writes are atomic on the machines torch
+supports; what must be read together is read under Stop's lock."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+from fastsgd.errors import UserError
+
+MAGIC = 0x3164_6773_7473_6166  # b"fastsgd1", little-endian
+# one slot each: the launcher's pid and rendezvous port, the workers and steps of the run,
+# the step to stop after (Ctrl-C), the door's state (door.py)
+HEADER = ("magic", "pid", "port", "workers", "steps", "stop_at", "closed", "request", "answer",
+          "since")
+# one slot per worker (see Stop); `ended`: how a process from outside ended (door.py)
+ARRAYS = ("progress", "ready", "joined_at", "donor", "left_after", "ended")
+
+
+class Cell:
+    """One slot, with the `.value` of a multiprocessing Value."""
+
+    def __init__(self, words: memoryview, index: int):
+        self._words, self._index = words, index
+
+    @property
+    def value(self) -> int:
+        return self._words[self._index]
+
+    @value.setter
+    def value(self, value: int) -> None:
+        self._words[self._index] = value
+
+
+class Slots:
+    """The block for `workers` workers; `path`: in that file (created, or opened with
+    `attach`), else in anonymous shared memory. `fd` is the file's descriptor (None without
+    one), on which Stop takes its lock."""
+
+    def __init__(self, workers: int, path: Path | None = None, fd: int | None = None):
+        size = 8 * (len(HEADER) + len(ARRAYS) * workers)
+        if path is not None and fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.ftruncate(fd, size)
+        self.fd = fd
+        self._map = mmap.mmap(-1 if fd is None else fd, size)
+        words = memoryview(self._map).cast("q")
+        self.header = words[:len(HEADER)]
+        self.arrays = {name: words[len(HEADER) + i * workers:len(HEADER) + (i + 1) * workers]
+                       for i, name in enumerate(ARRAYS)}
+        if path is not None and fd is not None and self["magic"] != MAGIC:
+            self["workers"] = workers
+            self["magic"] = MAGIC
+
+    @classmethod
+    def attach(cls, path: Path) -> Slots:
+        """The block in `path`, which a launcher made (UserError naming it if not)."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise UserError(f"{path.parent}: no run there takes new workers now (no "
+                            f"{path.name}): fastsgd join needs a running `fastsgd run` with "
+                            "run.join = true") from None
+        with open(path, "rb") as f:
+            head = f.read(8 * len(HEADER))
+        words = memoryview(head).cast("q") if len(head) == 8 * len(HEADER) else None
+        if words is None or words[0] != MAGIC:
+            os.close(fd)
+            raise UserError(f"{path} is not the door of a fastsgd run (wrong size or magic)")
+        return cls(words[HEADER.index("workers")], path, fd)
+
+    def __getitem__(self, name: str) -> int:
+        return self.header[HEADER.index(name)]
+
+    def __setitem__(self, name: str, value: int) -> None:
+        self.header[HEADER.index(name)] = value
+
+    def cell(self, name: str) -> Cell:
+        return Cell(self.header, HEADER.index(name))
