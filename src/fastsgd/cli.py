@@ -120,28 +120,28 @@ def _join_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _join(args: argparse.Namespace) -> int:
-    from fastsgd.door import DOOR, knock
-    from fastsgd.interrupt import Stop
+    from fastsgd.door import attach, knock
     from fastsgd.job import Job
     from fastsgd.processes import train_joined
 
     run_dir = Path(args.run_dir)
-    Stop.attach(run_dir / DOOR)  # fails in one line before the data is loaded for nothing
+    stop = attach(run_dir)  # fails in one line before the data is loaded for nothing
     job = Job(resume=run_dir, quiet=args.quiet)
     plan = job.plan(job.config)  # ready before it knocks: a standby joins at once
 
     def say(text: str) -> None:
         print(f"fastsgd join: {text}", file=sys.stderr, flush=True)
 
-    answer = knock(run_dir, say)
-    if answer is None:
+    join = knock(stop, run_dir, say)
+    if join is None:
         say(f"the run in {run_dir} ended before a place came free")
         return 0
-    stop, join = answer
     rank, step, donor, _ = join.split(":")
     say(f"worker {rank} of {run_dir}, from step {step}, with worker {donor}'s state")
     train_joined(plan, stop, join)
-    say(f"worker {rank} trained to the end of the run")
+    stopped = stop.stop_at.value
+    say(f"worker {rank} stopped with the others after step {stopped} (Ctrl-C on the run)"
+        if 0 < stopped < stop.slots["steps"] else f"worker {rank} trained to the end of the run")
     return 0
 
 

@@ -121,13 +121,22 @@ class Door:
         self.path.unlink(missing_ok=True)
 
 
-def knock(run_dir: Path, say: Callable[[str], None]) -> tuple[Stop, str] | None:
-    """The joiner's side: wait at the door of the run in `run_dir` for a place. Returns the
-    launcher's Stop and FASTSGD_JOIN's value for it, with the rank first
-    ("RANK:STEP:DONOR:SINCE"); None when the run ended first."""
+def attach(run_dir: Path) -> Stop:
+    """The launcher's Stop of the run in `run_dir`, once its workers have started training
+    (config.toml is whole then); UserError if no run there takes new workers."""
     stop = Stop.attach(run_dir / DOOR)
+    while not max(stop.progress) and not stop.slots["closed"]:
+        _check_running(stop.slots["pid"], run_dir)
+        time.sleep(EVERY)
+    _check_running(stop.slots["pid"], run_dir)
+    return stop
+
+
+def knock(stop: Stop, run_dir: Path, say: Callable[[str], None]) -> str | None:
+    """The joiner's side: wait at the door of the run in `run_dir` (`attach`) for a place.
+    Returns FASTSGD_JOIN's value for it with the rank first ("RANK:STEP:DONOR:SINCE");
+    None when the run ended first."""
     slots, me = stop.slots, os.getpid()
-    _check_running(slots["pid"], run_dir)
     try:
         while not _request(stop, me):
             if slots["closed"]:
@@ -151,7 +160,7 @@ def knock(run_dir: Path, say: Callable[[str], None]) -> tuple[Stop, str] | None:
         rank = slots["answer"] - 1
         join = f"{rank}:{stop.joined_at[rank]}:{stop.donor[rank]}:{slots['since']}"
         slots["request"] = slots["answer"] = 0
-    return stop, join
+    return join
 
 
 def _request(stop: Stop, me: int) -> bool:
