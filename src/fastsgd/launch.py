@@ -210,7 +210,6 @@ class _Rejoin:
         joiner.start()
         return joiner
 
-
     def join_step(self, rank: int, running: list[int]) -> int | None:
         """Set the step a new process in `rank` joins at, from the state of the lowest
         running worker that has one (Stop.donor); None: no one to take it from, or the run
