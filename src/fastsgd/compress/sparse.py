@@ -155,7 +155,9 @@ def encode_sparse(codec: Codec, tensor: torch.Tensor, state: dict[str, Any]) -> 
 
 
 def top_k(x: torch.Tensor, k: int) -> Payload:
-    """The k largest magnitudes of x, as torch.topk(sorted=False) orders them."""
+    """The k largest magnitudes of x: on the CPU in the order of their indices, elsewhere as
+    torch.topk(sorted=False) orders them (decoding scatters them: the order changes nothing
+    but the speed)."""
     magnitudes = x.abs()
     indices = _top_k_fast(magnitudes, k) if _fast_top_k_ok(x.device) else None
     if indices is None:
@@ -164,19 +166,15 @@ def top_k(x: torch.Tensor, k: int) -> Payload:
 
 
 def _top_k_fast(magnitudes: torch.Tensor, k: int) -> torch.Tensor | None:
-    """The k largest magnitudes without torch.topk's selection over all n elements, or
-    None (then torch.topk is used).
+    """The indices of the k largest magnitudes, in increasing order, without a selection
+    over all n elements, or None (then torch.topk is used).
 
-    On the CPU, torch.topk with k <= n / 64 partially sorts (std::partial_sort), so it gives
-    the k largest in descending order. A threshold that a strided sample puts at about the
-    2k-th largest leaves a few thousand candidates, and the k largest of them, sorted, are
-    the same elements in the same order, but for equal magnitudes (x and -x, say): among
-    those partial_sort's order is its heap's, here it is the order of their indices. Up to
-    k = n / 16 (topk's default 2% is above n / 64) they are the same elements in descending
-    order too, where torch.topk's order is quickselect's, unspecified: decoding scatters
-    them, so the order changes nothing but the speed (2x at 2%). With a tie between the
-    k-th and the (k+1)-th (where the choice itself is torch's), a NaN, or too few
-    candidates: None."""
+    A threshold that a strided sample puts at about the 2k-th largest magnitude leaves a few
+    thousand candidates, found with one comparison; the k-th largest of them (a quickselect,
+    kthvalue) keeps the k largest. They are torch.topk's elements unless the k-th and the
+    (k+1)-th largest are equal (then the choice is torch's), there is a NaN (which torch
+    counts as largest), or the sample misjudged: then None. Up to k = n / 16 (topk's default
+    is 2%)."""
     n = magnitudes.numel()
     if magnitudes.device.type != "cpu" or k * 16 > n or n < 4096:
         return None
@@ -187,27 +185,29 @@ def _top_k_fast(magnitudes: torch.Tensor, k: int) -> torch.Tensor | None:
     count = candidates.numel()
     if count < k or count > n // 4 or bool(torch.isnan(threshold)):
         return None
-    values, order = magnitudes[candidates].topk(min(k + 1, count))
-    if (count > k and bool(values[k - 1] == values[k])) or \
-            bool(torch.isnan(magnitudes.sum())):
-        return None
-    return candidates[order[:k]]
+    picked = magnitudes[candidates]
+    kth = picked.kthvalue(count - k + 1).values  # the k-th largest
+    keep = picked >= kth
+    if int(keep.sum()) != k or bool(torch.isnan(magnitudes.sum())):
+        return None  # a tie at the k-th (torch's choice), or a NaN
+    return candidates[keep]
 
 
 _FAST_TOP_K: dict[str, bool] = {}
 
 
 def _fast_top_k_ok(device: torch.device) -> bool:
-    """Whether this torch's topk orders as _top_k_fast assumes (checked once)."""
+    """Whether _top_k_fast picks torch.topk's elements on this torch (checked once)."""
     if device.type != "cpu":
         return False
     if "cpu" not in _FAST_TOP_K:
         generator = torch.Generator().manual_seed(7)
         ok = True
-        for n, k in [(65536, 1024), (100_000, 1000), (300_000, 300)]:
+        for n, k in [(65536, 1024), (100_000, 2000), (300_000, 300)]:
             m = torch.randperm(n, generator=generator).float()  # no ties
             fast = _top_k_fast(m, k)
-            ok = ok and fast is not None and torch.equal(fast, m.topk(k, sorted=False).indices)
+            ok = ok and fast is not None and torch.equal(
+                fast, m.topk(k, sorted=False).indices.sort().values)
         _FAST_TOP_K["cpu"] = ok
     return _FAST_TOP_K["cpu"]
 
