@@ -52,6 +52,10 @@ class TopK(Codec):
     def compress(self, tensor: torch.Tensor) -> Payload:
         return top_k(tensor.reshape(-1), kept(tensor.numel(), self.ratio))
 
+    def sparsify(self, x: torch.Tensor) -> tuple[Payload, torch.Tensor]:
+        payload = self.compress(x)
+        return payload, payload["indices"].long()
+
     def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
         return encode_sparse(self, tensor, state)
 
@@ -70,9 +74,14 @@ class RandomK(Codec):
         self.ratio, self.error_feedback = ratio, error_feedback
 
     def compress(self, tensor: torch.Tensor) -> Payload:
-        x = tensor.reshape(-1)
+        return self.sparsify(tensor.reshape(-1))[0]
+
+    def sparsify(self, x: torch.Tensor) -> tuple[Payload, torch.Tensor]:
+        """The payload and the indices it stands for (drawn once per encode: they cost more
+        than the rest of it)."""
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
-        return {"seed": seed.to(x.device), "values": x[self._indices(int(seed), x)]}
+        indices = self._indices(int(seed), x)
+        return {"seed": seed.to(x.device), "values": x[indices]}, indices
 
     def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
         return encode_sparse(self, tensor, state)
@@ -146,9 +155,7 @@ def encode_sparse(codec: Codec, tensor: torch.Tensor, state: dict[str, Any]) -> 
     if not codec.error_feedback:
         return codec.compress(flat)
     target = flat + state["residual"]
-    payload = codec.compress(target)
-    indices = payload["indices"].long() if "indices" in payload else \
-        codec._indices(int(payload["seed"]), target)
+    payload, indices = codec.sparsify(target)
     target[indices] = target[indices] - payload["values"].to(target.dtype)
     state["residual"] = target
     return payload
