@@ -38,14 +38,13 @@ CODECS = {
 STRATEGIES = {"allreduce": {}, "dpsgd": {"strategy.topology": "ring"},
               "adpsgd": {"strategy.topology": "ring"}, "sgp": {}}  # the last two: on request
 # CHOCO's consensus step shrinks with the share a sparse codec keeps (Koloskova et al. 2019:
-# gamma of the order of the compression quality); CHOCO compresses parameter differences
-# with no error feedback, so dgc there is top-k with no momentum correction: full rate.
-# sgp's push step likewise. adpsgd has no step: a lossy answer only mixes less.
+# gamma of the order of the compression quality): dpsgd's and sgp's default `gamma` (0)
+# sets it from the codec (gossip.auto_gamma; before 2026-11-29 this script set 0.02 for topk
+# and randomk, 0.005 for dgc). CHOCO compresses parameter differences with no error
+# feedback, so dgc there is top-k with no momentum correction: full rate. adpsgd has no
+# step: a lossy answer only mixes less.
 GOSSIP: dict[tuple[str, str], dict] = {
-    **{(s, "topk"): {"strategy.gamma": 0.02} for s in ("dpsgd", "sgp")},
-    **{(s, "randomk"): {"strategy.gamma": 0.02} for s in ("dpsgd", "sgp")},
-    **{(s, "dgc"): {"strategy.gamma": 0.005, "optimizer.lr": 0.2} for s in ("dpsgd", "sgp")},
-    ("adpsgd", "dgc"): {"optimizer.lr": 0.2},
+    **{(s, "dgc"): {"optimizer.lr": 0.2} for s in ("dpsgd", "sgp", "adpsgd")},
 }
 POINT_TO_POINT = {"powersgd"}  # needs an all-reduce of its factors: not on gossip edges
 

@@ -82,9 +82,9 @@ def test_dpsgd_on_real_processes_equals_the_simulator(synthetic, tmp_path):
 
 
 def test_the_default_consensus_step_shrinks_with_the_codec_and_draws_nothing():
-    """strategy.gamma = 0 (the default): 2.5 times the codec's share of the bytes, at most
-    0.5 (CHOCO's step shrinks with the codec's quality); measuring it leaves the random
-    streams as they were."""
+    """strategy.gamma = 0 (the default): 2.5 times the codec's share of the bytes, or half
+    the share of a Gaussian's energy it keeps if smaller, at most 0.5 (CHOCO's step shrinks
+    with the codec's quality); measuring it leaves the random streams as they were."""
     from fastsgd.compress import build_compressor
     from fastsgd.strategies.gossip import auto_gamma
 
@@ -94,7 +94,13 @@ def test_the_default_consensus_step_shrinks_with_the_codec_and_draws_nothing():
     steps = {name: auto_gamma(build_compressor({"name": name}), like)
              for name in ("topk", "randomk", "dgc", "onebit", "qsgd", "fp16")}
     assert torch.equal(torch.random.get_rng_state(), before)
-    assert abs(steps["topk"] - 2.5 * 0.04) < 0.002  # 2% of the values, with their indices
-    assert abs(steps["randomk"] - 2.5 * 0.02) < 0.002  # the indices come from a seed
-    assert steps["dgc"] < steps["randomk"] < steps["topk"] < steps["qsgd"] < 0.5
-    assert steps["fp16"] == 0.5  # half the bytes: capped
+    # 2% of the values, with their indices (2.5 times: 0.10), keep 14.4% of a Gaussian's
+    # energy: half of that
+    assert abs(steps["topk"] - 0.144 / 2) < 0.003
+    # its indices come from a seed (1/50 of the bytes): half the energy it keeps, its ratio
+    assert abs(steps["randomk"] - 0.02 / 2) < 0.002
+    wide = auto_gamma(build_compressor({"name": "randomk", "ratio": 0.1}), like)
+    assert abs(wide - 0.05) < 0.003  # 2.5 times its bytes would be 0.25: gossip diverged
+    assert abs(steps["onebit"] - 2.5 * 0.04) < 0.005  # its bytes: 1.25 bits an element
+    assert steps["randomk"] < steps["dgc"] * 3 and steps["topk"] < steps["qsgd"] < 0.5
+    assert abs(steps["fp16"] - 0.5) < 1e-6  # half the bytes, all the energy: capped
