@@ -32,8 +32,8 @@ from pathlib import Path
 
 from fastsgd.errors import UserError
 from fastsgd.interrupt import Stop
+from fastsgd.rundir import DOOR
 
-DOOR = ".door"
 EVERY = 0.1  # s between looks at the door, on both sides
 TAKEN = -1  # the answer while the launcher admits the request (it can no longer be withdrawn)
 CLOSED = -2  # the answer when the run ends before the request could be admitted

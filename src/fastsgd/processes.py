@@ -7,9 +7,10 @@ import os
 from typing import Any
 
 from fastsgd import interrupt
-from fastsgd.door import DOOR, ENDED_WELL, FAILED, Door
+from fastsgd.door import ENDED_WELL, FAILED, Door
 from fastsgd.errors import UserError
 from fastsgd.launch import worker_environment
+from fastsgd.rundir import DOOR
 from fastsgd.strategies import STRATEGIES
 from fastsgd.strategies.membership import (
     carries_on_for_real,

@@ -29,7 +29,8 @@ from fastsgd.errors import UserError
 from fastsgd.tensorboard import PREFIX as EVENTS_PREFIX
 from fastsgd.tensorboard import SUFFIX as EVENTS_SUFFIX
 
-RUN_FILES = ("config.toml", "environment.json", "metrics.jsonl", "eval.jsonl",
+DOOR = ".door"  # while a run with run.join runs: its launcher's shared state (door.py)
+RUN_FILES = (DOOR, "config.toml", "environment.json", "metrics.jsonl", "eval.jsonl",
              "summary.json", "model.pt")
 _NAME_BYTES = 4096
 
