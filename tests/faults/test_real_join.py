@@ -14,6 +14,7 @@ import pytest
 
 from fastsgd.interrupt import Stop
 from fastsgd.slots import Slots
+from tests.faults.helpers import assert_joined_from_a_live_state
 
 STEPS, KILLED_AT = 900, 40
 # each step sleeps 7 of its compute: about 15 s in all, time enough for the joiners to start
@@ -97,15 +98,7 @@ def _check_the_run(out, joined):
     assert summary["final_accuracy"] > 0.85
     assert [b["worker"] for b in summary["rejoined_workers"]] == [2, 2]
     assert summary["rejoined_workers"][-1]["joined_at_step"] == joined
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
-    assert [r["step"] for r in rows if r["rank"] == 2 and r["step"] > joined] == [
-        *range(joined + 1, STEPS + 1)]
-    after = [r for r in rows if r["rank"] == 2 and r["step"] > joined]
-    assert sum(r["bytes_sent"] for r in after) > 0 and sum(r["bytes_received"] for r in after)
-    # from the live model (a fresh MLP's loss on digits is about 2.3), not from scratch
-    first = next(r for r in rows if r["rank"] == 2 and r["step"] == joined + 1)
-    fresh = next(r for r in rows if r["rank"] == 0 and r["step"] == 1)
-    assert first["loss"] < 0.5 < fresh["loss"]
+    assert_joined_from_a_live_state(out, 2, joined, STEPS, since=joined)
 
 
 def _one_line_error(done, *parts):

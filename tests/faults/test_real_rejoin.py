@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.faults.helpers import assert_joined_from_a_live_state
+
 STEPS, KILLED_AT, EVAL_EVERY = 300, 40, 100
 JOINED = re.compile(r"fastsgd: worker 2 was killed by signal 9 \(SIGKILL\); a new worker takes "
                     r"its place from step (\d+), with worker 0's state")
@@ -52,18 +54,9 @@ def test_a_killed_worker_is_replaced_by_one_that_joins_from_a_live_state(strateg
     # sgp, adpsgd and ps end in one model: the joiner's taken in
     if strategy.partition("+")[0] in ("sgp", "adpsgd", "ps"):
         assert summary["consensus_distance"] < 1e-12
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
-    # the new process, from the step it joined at to the end (the killed one's last lines,
-    # not yet flushed, died with it)
-    assert [r["step"] for r in rows if r["rank"] == 2 and r["step"] > KILLED_AT] == [
-        *range(joined + 1, STEPS + 1)]
-    # and it takes part: pushes, gossip rounds or tournament rounds go both ways
-    after = [r for r in rows if r["rank"] == 2 and r["step"] > joined]
-    assert sum(r["bytes_sent"] for r in after) > 0 and sum(r["bytes_received"] for r in after)
-    first = next(r for r in rows if r["rank"] == 2 and r["step"] == joined + 1)
-    # a fresh MLP's loss on digits is about 2.3: the new worker started from the live model
-    fresh = next(r for r in rows if r["rank"] == 0 and r["step"] == 1)
-    assert first["loss"] < 0.5 < fresh["loss"]
+    # the new process, from the step it joined at to the end; it takes part (pushes, gossip
+    # rounds or tournament rounds go both ways), from the live model
+    assert_joined_from_a_live_state(tmp_path, 2, joined, STEPS, since=KILLED_AT)
 
 
 @pytest.mark.multiproc
