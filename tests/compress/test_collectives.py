@@ -7,7 +7,7 @@ from fastsgd.compress import build_compressor
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
 from fastsgd.transport.base import ring_allreduce_bytes
 from fastsgd.transport.sim import simulate
-from tests.compress.test_codecs import FP32, NUMEL, gradient
+from tests.compress.helpers import FP32, NUMEL, gradient
 
 WORKERS = 4
 
