@@ -110,7 +110,7 @@ class Door:
                 slots["answer"], slots["closed"] = CLOSED, 1
                 os.close(outside.sentinel)
                 return None
-            stop.slots.arrays["ended"][vacant[0]] = 0
+            slots.arrays["ended"][vacant[0]] = 0
             slots["since"] = stop.joined_at[stop.donor[vacant[0]]]
             slots["answer"] = vacant[0] + 1
         return outside

@@ -196,10 +196,11 @@ def auto_gamma(codec: Compressor, like: torch.Tensor) -> float:
       whole of its delta (docs/strategies.md).
     The random streams stay as they were."""
     with torch.random.fork_rng(devices=[]):
-        sent = pack(codec.compress(torch.zeros_like(like))).numel()
         torch.manual_seed(0)
         x = torch.randn(like.numel(), dtype=like.dtype).to(like.device)
-        error = codec.decode(codec.compress(x), x) - x
+        payload = codec.compress(x)
+        sent = pack(payload).numel()
+        error = codec.decode(payload, x) - x
         kept = 1.0 - float(error.square().sum() / x.square().sum())
     by_bytes = 2.5 * sent / (like.numel() * like.element_size())
     return min(0.5, by_bytes, kept / 2) if kept > 0 else min(0.5, by_bytes)
