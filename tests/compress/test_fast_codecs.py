@@ -8,7 +8,7 @@ import torch
 from fastsgd.compress import build_compressor, quantize, sparse
 from fastsgd.compress.base import Codec
 from fastsgd.compress.bits import pack_bits, unpack_bits
-from fastsgd.compress.powersgd import shape_of
+from fastsgd.compress.powersgd import products, shape_of
 from fastsgd.compress.quantize import QSGD, OneBit, Sign, blocks
 from fastsgd.compress.sparse import RandomK, TopK, kept
 from tests.compress.helpers import NUMEL, gradient
@@ -265,8 +265,10 @@ def reference_powersgd(codec, tensor, state):
     matrix = torch.zeros(rows * cols, dtype=flat.dtype)
     matrix[:flat.numel()] = flat
     matrix = matrix.view(rows, cols)
-    p = torch.linalg.qr(matrix @ state["q"]).Q
-    q = matrix.T @ p
+    # matrix @ q and matrix^T @ p as (q^T matrix^T)^T and (p^T matrix)^T: the same products,
+    # in the summation order the codec's BLAS calls take (test_powersgd_products_...)
+    p = torch.linalg.qr((state["q"].T @ matrix.T).T).Q
+    q = (p.T @ matrix).T
     state["q"] = q
     approximation = (p @ q.T).reshape(-1)[:flat.numel()]
     state["residual"] = flat - approximation
@@ -291,3 +293,18 @@ def test_powersgd_matches_the_reference(numel):
         assert bitwise_equal(out, reference_powersgd(codec, g, ref_state))
         assert bitwise_equal(state["residual"], ref_state["residual"])
         assert bitwise_equal(state["q"], ref_state["q"])
+
+
+@pytest.mark.parametrize("rows, cols", [(3, 3), (64, 64), (512, 512), (513, 512)])
+def test_powersgd_products_are_the_matrix_products(rows, cols):
+    """Within the forward error bound of a float32 dot product of `inner` terms,
+    inner * eps * (|A| |B|), of the float64 product, as matrix @ factor itself is."""
+    matrix = gradient(1, rows * cols).view(rows, cols)
+    for a, b in [(matrix, gradient(2, cols * 8).view(cols, 8)),
+                 (matrix.T, gradient(3, rows * 4).view(rows, 4))]:
+        fast = products(a, b)
+        assert fast.is_contiguous() and fast.shape == (a.shape[0], b.shape[1])
+        exact = a.double() @ b.double()
+        bound = a.shape[1] * torch.finfo(torch.float32).eps * (a.abs().double() @ b.abs().double())
+        assert bool(((fast.double() - exact).abs() <= bound).all())
+        assert bool((((a @ b).double() - exact).abs() <= bound).all())

@@ -25,6 +25,14 @@ def shape_of(numel: int) -> tuple[int, int]:
     return rows, -(-numel // rows)
 
 
+def products(matrix: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """matrix @ factor (contiguous), for a tall or wide matrix and a factor of a few columns,
+    computed as (factor^T matrix^T)^T: BLAS streams the big matrix once with the few rows of
+    factor^T at hand, where matrix @ factor ran 3-25x slower on the CPU (MKL, one thread;
+    docs/compression.md). The same products, summed in another order."""
+    return (factor.T @ matrix.T).T.contiguous()
+
+
 class PowerSGD(Codec):
     name = "powersgd"
     kind = "lowrank"
@@ -45,7 +53,7 @@ class PowerSGD(Codec):
     def all_reduce(self, tensor: torch.Tensor, state: dict[str, Any],
                    transport: Transport) -> torch.Tensor:
         """The mean over workers of the rank-r approximation of tensor + residual."""
-        flat = tensor.detach().reshape(-1) + state["residual"]
+        flat = state["residual"].add_(tensor.detach().reshape(-1))  # the residual, in place
         rows, cols = shape_of(flat.numel())
         if rows * cols == flat.numel():  # a square or near-square size: no padding
             matrix = flat.view(rows, cols)
@@ -53,10 +61,10 @@ class PowerSGD(Codec):
             matrix = torch.zeros(rows * cols, dtype=flat.dtype, device=flat.device)
             matrix[:flat.numel()] = flat
             matrix = matrix.view(rows, cols)
-        p = matrix @ state["q"]
+        p = products(matrix, state["q"])
         transport.all_reduce(p)
         p = torch.linalg.qr(p).Q  # orthonormal columns; the scale of the mean does not matter
-        q = matrix.T @ p
+        q = products(matrix.T, p)
         transport.all_reduce(q)
         q /= transport.world_size
         state["q"] = q

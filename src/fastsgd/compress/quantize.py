@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from fastsgd.compress import kernels
 from fastsgd.compress.base import Codec, Payload
 from fastsgd.compress.bits import pack_bits, unpack_bits, unpack_bytes, unpack_flags
 from fastsgd.options import Option, at_least
@@ -208,6 +209,16 @@ class QSGD(Codec):
         rows = x.view(-1, size) if n % size == 0 else blocks(x, size)
         norms = rows.norm(dim=1, keepdim=True).float()
         tiny = torch.finfo(torch.float32).tiny
+        if self.width <= 8 and kernels.usable(x) and bool(norms.isfinite().all()) \
+                and _fast_qsgd_ok():
+            levels = kernels.qsgd_planes(x, norms.clamp_min(tiny).view(-1), self.levels, size,
+                                         self.width)
+            return {"norms": norms.reshape(-1), "levels": levels}
+        return self._compress_torch(x, rows, norms)
+
+    def _compress_torch(self, x: torch.Tensor, rows: torch.Tensor,
+                        norms: torch.Tensor) -> Payload:
+        n, tiny = x.numel(), torch.finfo(torch.float32).tiny
         scaled = rows.abs()
         scaled = scaled.div_(norms.clamp_min(tiny)) if scaled.dtype == norms.dtype else \
             scaled / norms.clamp_min(tiny)
@@ -233,6 +244,33 @@ class QSGD(Codec):
         if n > full * self.bucket:
             out[full * self.bucket:].mul_(scale[full])
         return out.view_as(like)
+
+
+_FAST_QSGD: list[bool] = []
+
+
+def _fast_qsgd_ok() -> bool:
+    """Whether the compiled QSGD loop gives the torch code's payloads and leaves torch's
+    generator where it would (checked once, the generator restored after)."""
+    if not _FAST_QSGD:
+        saved, codec, ok = torch.get_rng_state(), QSGD(), True
+        x = torch.randn(5000, generator=torch.Generator().manual_seed(9))
+        for draws in (0, 1, 623, 1000):
+            results = []
+            for fast in (True, False):
+                torch.manual_seed(11)
+                torch.rand(draws)
+                rows = blocks(x, codec.bucket)
+                norms = rows.norm(dim=1, keepdim=True).float()
+                tiny = torch.finfo(torch.float32).tiny
+                payload = kernels.qsgd_planes(x, norms.clamp_min(tiny).view(-1), 15,
+                                              codec.bucket, codec.width) if fast \
+                    else codec._compress_torch(x, rows, norms)["levels"]
+                results.append((payload, torch.rand(3)))
+            ok = ok and all(torch.equal(a, b) for a, b in zip(*results))
+        torch.set_rng_state(saved)
+        _FAST_QSGD.append(ok)
+    return _FAST_QSGD[0]
 
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

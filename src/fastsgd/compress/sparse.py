@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fastsgd.compress import kernels
 from fastsgd.compress.base import Codec, Payload
 from fastsgd.options import Option, at_least, between
 
@@ -52,12 +53,17 @@ class TopK(Codec):
     def compress(self, tensor: torch.Tensor) -> Payload:
         return top_k(tensor.reshape(-1), kept(tensor.numel(), self.ratio))
 
-    def sparsify(self, x: torch.Tensor) -> tuple[Payload, torch.Tensor]:
-        payload = self.compress(x)
-        return payload, payload["indices"].long()
-
     def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
-        return encode_sparse(self, tensor, state)
+        """`Codec.encode`: the residual becomes the target in place, the sent coordinates
+        taken away (the same numbers as target - decode(payload))."""
+        flat = tensor.detach().reshape(-1)
+        if not self.error_feedback:
+            return self.compress(flat)
+        target = state["residual"]
+        payload = top_k_of_sum(flat, target, kept(flat.numel(), self.ratio))
+        indices = payload["indices"].long()
+        target[indices] = target[indices] - payload["values"].to(target.dtype)
+        return payload
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         return scatter(payload["indices"], payload["values"], like)
@@ -134,8 +140,8 @@ class DGC(Codec):
             grad = grad * min(1.0, self.clip / (float(grad.norm()) + 1e-12))
         velocity, accumulated = state["velocity"], state["accumulated"]
         velocity.mul_(self.momentum).add_(grad)
-        accumulated.add_(velocity)
-        payload = top_k(accumulated, kept(grad.numel(), self.density(int(state["step"]))))
+        payload = top_k_of_sum(velocity, accumulated,
+                               kept(grad.numel(), self.density(int(state["step"]))))
         accumulated[payload["indices"]] = 0  # sent: nothing of it is left to send
         velocity[payload["indices"]] = 0  # momentum-factor masking
         state["step"] += 1
@@ -183,21 +189,58 @@ def _top_k_fast(magnitudes: torch.Tensor, k: int) -> torch.Tensor | None:
     counts as largest), or the sample misjudged: then None. Up to k = n / 16 (topk's default
     is 2%)."""
     n = magnitudes.numel()
-    if magnitudes.device.type != "cpu" or k * 16 > n or n < 4096:
+    if not _shortcut_fits(magnitudes, k):
         return None
-    sample = magnitudes[::max(1, k // 32)]  # about 64 of its elements are above
-    above = max(1, min(sample.numel(), -(-2 * k * sample.numel() // n)))
-    threshold = sample.topk(above, sorted=False).values.min()
+    threshold = _threshold(magnitudes[::_stride(k)], k, n)
+    if bool(torch.isnan(threshold)):
+        return None
     candidates = (magnitudes >= threshold).nonzero().view(-1)
-    count = candidates.numel()
-    if count < k or count > n // 4 or bool(torch.isnan(threshold)):
+    if candidates.numel() > n // 4 or bool(torch.isnan(magnitudes.sum())):
         return None
-    picked = magnitudes[candidates]
+    return _k_largest(candidates, magnitudes[candidates], k)
+
+
+def _shortcut_fits(x: torch.Tensor, k: int) -> bool:
+    return x.device.type == "cpu" and k * 16 <= x.numel() and x.numel() >= 4096
+
+
+def _stride(k: int) -> int:
+    return max(1, k // 32)  # about 64 of the sample's elements are above the threshold
+
+
+def _threshold(sample: torch.Tensor, k: int, n: int) -> torch.Tensor:
+    """A magnitude near the 2k-th largest of n, from the magnitudes of a strided sample."""
+    above = max(1, min(sample.numel(), -(-2 * k * sample.numel() // n)))
+    return sample.topk(above, sorted=False).values.min()
+
+
+def _k_largest(candidates: torch.Tensor, picked: torch.Tensor, k: int) -> torch.Tensor | None:
+    """The candidates whose magnitudes (`picked`) are the k largest, or None (too few, or a
+    tie at the k-th)."""
+    count = candidates.numel()
+    if count < k:
+        return None
     kth = picked.kthvalue(count - k + 1).values  # the k-th largest
     keep = picked >= kth
-    if int(keep.sum()) != k or bool(torch.isnan(magnitudes.sum())):
-        return None  # a tie at the k-th (torch's choice), or a NaN
-    return candidates[keep]
+    return candidates[keep] if int(keep.sum()) == k else None
+
+
+def top_k_of_sum(addend: torch.Tensor, target: torch.Tensor, k: int) -> Payload:
+    """target += addend, in place, then `top_k(target, k)`. On the CPU the sum, the scan for
+    candidates and the NaN check are one pass (kernels.add_and_scan), not five."""
+    n = target.numel()
+    if kernels.usable(addend, target) and _shortcut_fits(target, k) \
+            and _fast_top_k_ok(target.device):
+        stride = _stride(k)
+        threshold = float(_threshold((target[::stride] + addend[::stride]).abs(), k, n))
+        if threshold == threshold:  # not NaN
+            candidates, nan = kernels.add_and_scan(addend, target, threshold, n // 4)
+            if candidates is not None and not nan:
+                indices = kernels.k_largest(target, candidates, k)
+                if indices is not None:
+                    return {"indices": indices.to(torch.int32), "values": target[indices]}
+            return top_k(target, k)  # the sum is made: torch's selection decides
+    return top_k(target.add_(addend), k)
 
 
 _FAST_TOP_K: dict[str, bool] = {}

@@ -1,0 +1,83 @@
+"""Fused CPU loops for the codecs whose torch form makes many passes over a tensor (numba;
+loops.py). torch spends a pass, and on big tensors a temporary and its page faults, per
+operation; a codec's encode is a dozen of them. A loop here does them all per element, in
+one pass, with the same float operations in the same order, so the payloads and residuals
+are the torch code's bit for bit (tests/compress/test_fast_codecs.py checks both ways).
+
+They serve float32 tensors on the CPU when numba is installed and FASTSGD_KERNELS is not
+"0"; elsewhere (CUDA, float64, no numba) the codecs run their torch code. The first call
+in a process compiles a loop, or loads it from numba's cache (about 0.1 s)."""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import torch
+
+_LOOPS: list[ModuleType | None] = []
+
+# torch's CPU generator state (CPUGeneratorImplState): offsets of MT19937's fields
+_LEFT, _NEXT, _WORDS, _N = 8, 16, 24, 624
+
+
+def loops() -> ModuleType | None:
+    """The compiled loops, or None where they are off or numba is missing."""
+    if not _LOOPS:
+        module = None
+        if os.environ.get("FASTSGD_KERNELS", "1") != "0":
+            try:
+                from fastsgd.compress import loops as module
+            except ImportError:  # numba is optional: the torch code serves
+                module = None
+        _LOOPS.append(module)
+    return _LOOPS[0]
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the loops serve these tensors: float32, contiguous, on the CPU, no grad."""
+    return loops() is not None and all(
+        t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+        and not t.requires_grad for t in tensors)
+
+
+def add_and_scan(flat: torch.Tensor, target: torch.Tensor, threshold: float,
+                 capacity: int) -> tuple[torch.Tensor | None, bool]:
+    """target += flat, in place; the indices (int64, increasing) of the elements of the new
+    target whose magnitude is at least `threshold`, or None if more than `capacity`; and
+    whether target holds a NaN."""
+    found = torch.empty(max(1, capacity), dtype=torch.int64)
+    count, nan = loops().add_and_scan(flat.numpy(), target.numpy(), threshold, found.numpy())
+    return (found[:count] if count <= capacity else None), bool(nan)
+
+
+def k_largest(target: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor | None:
+    """The candidates (increasing indices) whose |target| are the k largest, in increasing
+    order, or None when the k-th and the (k+1)-th largest magnitudes are equal. No NaNs."""
+    if candidates.numel() < k:
+        return None
+    out = torch.empty(k, dtype=torch.int64)
+    kept = loops().k_largest(target.view(torch.int32).numpy(), candidates.numpy(), k, out.numpy())
+    return out if kept == k else None
+
+
+def qsgd_planes(x: torch.Tensor, norms: torch.Tensor, levels: int, bucket: int,
+                width: int) -> torch.Tensor:
+    """QSGD's packed levels of x (see loops.qsgd_levels), drawing from torch's default CPU
+    generator exactly what `torch.rand_like(x)` would, and leaving it where that would."""
+    n = x.numel()
+    planes = torch.zeros(width, -(-n // 8), dtype=torch.uint8)
+    if n == 0:
+        return planes.reshape(-1)
+    state = torch.get_rng_state()
+    left = int(state[_LEFT:_LEFT + 4].view(torch.int32))
+    start = _N if left == 1 else int(state[_NEXT:_NEXT + 8].view(torch.int64))
+    words = torch.empty(2 * _N, dtype=torch.int32)
+    words[:_N] = state[_WORDS:_WORDS + 8 * _N].view(torch.int64).to(torch.int32)
+    position = loops().qsgd_levels(x.numpy(), norms.numpy(), levels, bucket,
+                                   words.numpy().view("uint32"), start, planes.numpy())
+    state[_WORDS:_WORDS + 8 * _N] = (words[:_N].to(torch.int64) & 0xFFFFFFFF).view(torch.uint8)
+    state[_LEFT:_LEFT + 4] = torch.tensor([_N + 1 - position], dtype=torch.int32).view(torch.uint8)
+    state[_NEXT:_NEXT + 8] = torch.tensor([position], dtype=torch.int64).view(torch.uint8)
+    torch.set_rng_state(state)
+    return planes.reshape(-1)
