@@ -1,6 +1,8 @@
 """The compiled loops (compress/kernels.py) against the torch code they replace: the same
 payloads, residuals and generator state, bit for bit, with the loops on and off."""
 
+import os
+
 import pytest
 import torch
 
@@ -17,7 +19,11 @@ def without_loops(monkeypatch):
 
 
 def test_the_loops_serve_float32_on_the_cpu():
-    """numba is a dependency: here the loops run, and checked themselves against torch."""
+    """numba is a dependency: here the loops run, and checked themselves against torch,
+    unless FASTSGD_KERNELS=0 turned them off."""
+    if os.environ.get("FASTSGD_KERNELS") == "0":
+        assert kernels.loops() is None and not kernels.usable(torch.zeros(3))
+        return
     assert kernels.loops() is not None
     assert kernels.usable(torch.zeros(3))
     assert not kernels.usable(torch.zeros(3, dtype=torch.float64))
@@ -86,3 +92,16 @@ def test_qsgd_draws_the_generators_own_numbers(draws):
     torch.rand(draws)
     assert torch.equal(up, torch.rand(1024) < fraction)
     assert 0 < int(up.sum()) < 1024
+
+
+@pytest.mark.parametrize("numel, k", [(1, 1), (10, 10), (1000, 999), (NUMEL, 2036),
+                                      (2**22, 83887)])
+def test_randomks_shuffle_is_torchs_with_the_loops_and_without(numel, k, without_loops):
+    head = [sparse._randperm_head(numel, k, torch.Generator().manual_seed(seed))
+            for seed in (0, 5)]
+    without_loops()
+    for seed, fast in zip((0, 5), head):
+        assert torch.equal(fast, sparse._randperm_head(numel, k,
+                                                       torch.Generator().manual_seed(seed)))
+        assert torch.equal(fast, torch.randperm(numel,
+                                                generator=torch.Generator().manual_seed(seed))[:k])

@@ -142,3 +142,34 @@ def kth_largest(values, k):
             digit -= 1
         prefix |= digit << shift
     return prefix
+
+
+@jit
+def shuffle_head(n, draws, out):
+    """out = the first k (= len(out)) elements of the Fisher-Yates shuffle of 0..n-1 that
+    swaps position i with i + draws[i] % (n - i), as torch.randperm does; the positions it
+    moved are kept in an open-addressing table (the rest hold their own index)."""
+    k = out.shape[0]
+    size = 1 << max(4, int(np.ceil(np.log2(4 * k + 1))))
+    keys, values = np.full(size, -1, np.int64), np.empty(size, np.int64)
+    mask = size - 1
+    for i in range(k):
+        z = i + np.int64(draws[i]) % (n - i)
+        si = slot(keys, i, mask)
+        vi = values[si] if keys[si] == i else i
+        sz = slot(keys, z, mask)
+        vz = values[sz] if keys[sz] == z else z
+        keys[sz], values[sz] = z, vi
+        si = slot(keys, i, mask)  # z's entry may have taken i's free slot
+        keys[si], values[si] = i, vz
+        out[i] = vz
+    return out
+
+
+@jit
+def slot(keys, key, mask):
+    """Where key is in the table, or the free slot where it would go (linear probing)."""
+    at = (key * np.int64(-7046029254386353131)) >> np.int64(20) & mask
+    while keys[at] != key and keys[at] != -1:
+        at = (at + 1) & mask
+    return at

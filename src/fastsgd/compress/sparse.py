@@ -281,8 +281,13 @@ def _randperm_head(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
     words = torch.randint(-2**63, 2**63 - 1, ((k + 1) // 2,), generator=generator)
     words ^= -2**63  # randint added the low end: undo it (a draw of 2^64 - 1 is misread)
     halves = words.view(torch.int32).view(-1, 2).flip(1).reshape(-1)[:k]  # high first
+    draws = halves.to(torch.int64) & 0xFFFFFFFF
+    if kernels.loops() is not None:  # the shuffle itself, step by step (compiled)
+        out = torch.empty(k, dtype=torch.int64)
+        kernels.loops().shuffle_head(n, draws.numpy(), out.numpy())
+        return out
     step = torch.arange(k)
-    z = step + (halves.to(torch.int64) & 0xFFFFFFFF) % (n - step)
+    z = step + draws % (n - step)
     sorted_z, order = torch.sort(z, stable=True)
     same = sorted_z[1:] == sorted_z[:-1]
     before = torch.full((k,), -1, dtype=torch.int64)  # latest earlier step with the same z
