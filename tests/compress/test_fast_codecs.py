@@ -5,7 +5,7 @@ residuals (topk and dgc: the same elements, docs/compression.md)."""
 import pytest
 import torch
 
-from fastsgd.compress import build_compressor, quantize, sparse
+from fastsgd.compress import build_compressor, quantize, shuffle, sparse
 from fastsgd.compress.base import Codec
 from fastsgd.compress.bits import pack_bits, unpack_bits
 from fastsgd.compress.powersgd import products, shape_of
@@ -234,10 +234,10 @@ def test_fast_topk_is_taken_and_picks_torch_topks_elements():
                                       (NUMEL, 1018), (2**20, 10486), (2**24 - 1, 2000)])
 def test_randperm_head_is_the_head_of_torch_randperm(numel, k):
     for seed in (0, 1, 2**62 - 1, 123456789):
-        fast = sparse._randperm_head(numel, k, torch.Generator().manual_seed(seed))
+        fast = shuffle._randperm_head(numel, k, torch.Generator().manual_seed(seed))
         full = torch.randperm(numel, generator=torch.Generator().manual_seed(seed))[:k]
         assert torch.equal(fast, full)
-    assert sparse._fast_randperm_ok()
+    assert shuffle._fast_randperm_ok()
 
 
 @pytest.mark.parametrize("numel", [1, 100, NUMEL])

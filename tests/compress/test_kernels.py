@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from fastsgd.compress import build_compressor, kernels, quantize, sparse
+from fastsgd.compress import build_compressor, kernels, quantize, shuffle, sparse
 from tests.compress.helpers import NUMEL, gradient
 from tests.compress.test_fast_codecs import awkward, bitwise_equal, same_payload
 
@@ -53,7 +53,7 @@ def ties(seed: int, numel: int) -> torch.Tensor:
     return (awkward(numel, seed) * 8).round() / 8  # many equal magnitudes
 
 
-@pytest.mark.parametrize("name", ["qsgd", "topk", "dgc"])
+@pytest.mark.parametrize("name", ["onebit", "sign", "qsgd", "topk", "randomk", "dgc"])
 @pytest.mark.parametrize("numel", [1, 9, 4096, 4097, NUMEL, 2**20 + 3])
 @pytest.mark.parametrize("data", [gradient, zeros_and_repeats, ties])
 def test_the_loops_give_what_the_torch_code_gives(name, numel, data, without_loops):
@@ -97,11 +97,11 @@ def test_qsgd_draws_the_generators_own_numbers(draws):
 @pytest.mark.parametrize("numel, k", [(1, 1), (10, 10), (1000, 999), (NUMEL, 2036),
                                       (2**22, 83887)])
 def test_randomks_shuffle_is_torchs_with_the_loops_and_without(numel, k, without_loops):
-    head = [sparse._randperm_head(numel, k, torch.Generator().manual_seed(seed))
+    head = [shuffle._randperm_head(numel, k, torch.Generator().manual_seed(seed))
             for seed in (0, 5)]
     without_loops()
     for seed, fast in zip((0, 5), head):
-        assert torch.equal(fast, sparse._randperm_head(numel, k,
+        assert torch.equal(fast, shuffle._randperm_head(numel, k,
                                                        torch.Generator().manual_seed(seed)))
         assert torch.equal(fast, torch.randperm(numel,
                                                 generator=torch.Generator().manual_seed(seed))[:k])

@@ -9,6 +9,9 @@ bytes are 0 or 1 by 0x8040201008040201 gathers its 8 bits, first byte highest, i
 word's top byte (every partial product lands on its own bit, so nothing carries), and the
 same multiply spreads a byte's 8 bits back out, one to a byte. That needs a little-endian
 machine (every one torch runs on); elsewhere the plain per-bit form below is used.
+
+Also: a bucket's value chosen per flag on the floats' bit patterns (`by_bucket`), and a
+flat tensor as rows of buckets (`blocks`).
 """
 
 from __future__ import annotations
@@ -128,3 +131,32 @@ def _unpack_bits_plain(packed: torch.Tensor, n: int, width: int) -> torch.Tensor
     planes = (packed.view(width, -1, 1) & weights).ne(0).reshape(width, -1)[:, :n]
     shifts = torch.arange(width, device=packed.device).view(-1, 1)
     return (planes.to(torch.int64) << shifts).sum(0)
+
+
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def by_bucket(flags: torch.Tensor, high: torch.Tensor, low: torch.Tensor,
+              size: int) -> torch.Tensor:
+    """Per element i of flags (n bools), high[i // size] where set, else low[i // size].
+
+    As torch.where, but on the floats' bit patterns: flag * (high ^ low) ^ low is high's
+    bits or low's, and these integer ops run vectorized, where torch.where does not."""
+    n, full = flags.numel(), flags.numel() // size
+    itype = _INT[high.element_size()]
+    low = low.reshape(-1).view(itype)
+    diff = high.reshape(-1).view(itype) ^ low
+    out = flags.reshape(-1).to(itype)  # 0 or 1
+    main = out[:full * size].view(full, size)
+    main.mul_(diff[:full].unsqueeze(1)).bitwise_xor_(low[:full].unsqueeze(1))
+    if n > full * size:
+        out[full * size:].mul_(diff[full]).bitwise_xor_(low[full])
+    return out.view(high.dtype)
+
+
+def blocks(tensor: torch.Tensor, size: int) -> torch.Tensor:
+    """The elements of `tensor` as rows of `size` (the last one padded with zeros)."""
+    x = tensor.reshape(-1)
+    padded = x.new_zeros(-(-x.numel() // size) * size)
+    padded[:x.numel()] = x
+    return padded.view(-1, size)

@@ -173,3 +173,38 @@ def slot(keys, key, mask):
     while keys[at] != key and keys[at] != -1:
         at = (at + 1) & mask
     return at
+
+
+@jit
+def count_nonnegative(target, bucket, counts):
+    """counts[b] = how many elements of bucket b of target are >= 0 (NaN is not)."""
+    for b in range(counts.shape[0]):
+        run = target[b * bucket:min(target.shape[0], (b + 1) * bucket)]
+        count = 0
+        for i in range(run.shape[0]):
+            count += run[i] >= 0
+        counts[b] = count
+
+
+@jit
+def subtract_by_sign(target, high, low, bucket, bits):
+    """The sign flags (>= 0; NaN is not) of target packed into `bits` (the first element of
+    a byte in its top bit), then target -= high[b] where the flag is set, else low[b], b the
+    element's bucket: a one-bit codec's payload bits and error-feedback residual."""
+    n = target.shape[0]
+    for j in range(n // 8):
+        byte = 0
+        for e in range(8):
+            byte |= (target[8 * j + e] >= 0) << (7 - e)
+        bits[j] = byte
+    if n % 8:
+        byte = 0
+        for e in range(n % 8):
+            byte |= (target[n - n % 8 + e] >= 0) << (7 - e)
+        bits[n // 8] = byte
+    for b in range(high.shape[0]):
+        run = target[b * bucket:min(n, (b + 1) * bucket)]
+        up, down = high[b], low[b]
+        for i in range(run.shape[0]):
+            t = run[i]
+            run[i] = t - (up if t >= 0 else down)

@@ -23,7 +23,14 @@ import torch
 
 from fastsgd.compress import kernels
 from fastsgd.compress.base import Codec, Payload
-from fastsgd.compress.bits import pack_bits, unpack_bits, unpack_bytes, unpack_flags
+from fastsgd.compress.bits import (
+    blocks,
+    by_bucket,
+    pack_bits,
+    unpack_bits,
+    unpack_bytes,
+    unpack_flags,
+)
 from fastsgd.options import Option, at_least
 
 
@@ -61,28 +68,24 @@ RUN = 1 << 18  # elements encoded at a time (1 MB of fp32): their temporaries st
 
 
 def encode_in_runs(flat: torch.Tensor, state: dict[str, Any], bucket: int,
-                   encode: Callable[[torch.Tensor], tuple[Payload, torch.Tensor]]) -> Payload:
+                   encode: Callable[[torch.Tensor], Payload]) -> Payload:
     """Error feedback over runs of whole buckets, `encode(target)` giving a run's payload
-    and what it sends. Buckets are encoded on their own and a run of whole bytes of flags
-    packs alone, so payload and residual are those of one pass over the tensor, without its
-    tensor-sized temporaries: out of cache, at 16 MB, they cost page faults (onebit 1.1 GB/s
-    against 2.0 at 1 MB, docs/compression.md)."""
+    and leaving in `target` what it did not send. Buckets are encoded on their own and a
+    run of whole bytes of flags packs alone, so payload and residual are those of one pass
+    over the tensor, without its tensor-sized temporaries: out of cache, at 16 MB, they
+    cost page faults (onebit 1.1 GB/s against 2.0 at 1 MB, docs/compression.md)."""
     step = math.lcm(bucket, 8) * max(1, RUN // math.lcm(bucket, 8))
     residual = state["residual"]
-    # one run, with no copy back into the residual: short tensors, and on a GPU, where a
-    # run's kernel launches would cost more than the cache saves
+    # one run: short tensors, and on a GPU, where a run's kernel launches would cost more
+    # than the cache saves
     if flat.numel() <= step or flat.device.type != "cpu":
         target = flat + residual
-        payload, sent = encode(target)
-        state["residual"] = target.sub_(sent)
+        payload = encode(target)
+        state["residual"] = target
         return payload
     parts = []
-    for start in range(0, flat.numel(), step):
-        kept = residual[start:start + step]
-        target = flat[start:start + step] + kept
-        payload, sent = encode(target)
-        kept.copy_(target.sub_(sent))
-        parts.append(payload)
+    for start in range(0, flat.numel(), step):  # each run of the residual becomes its target
+        parts.append(encode(residual[start:start + step].add_(flat[start:start + step])))
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
@@ -108,12 +111,28 @@ class OneBit(Codec):
             return self.compress(flat)
         return encode_in_runs(flat, state, self.bucket, self._encode_run)
 
-    def _encode_run(self, target: torch.Tensor) -> tuple[Payload, torch.Tensor]:
+    def _encode_run(self, target: torch.Tensor) -> Payload:
+        if kernels.usable(target):
+            return self._encode_run_loop(target)
         payload, positive = self._compress(target)
         means = payload["means"].to(target.dtype).view(-1, 2)  # as decode reads them
-        sent = by_bucket(positive.view(-1)[:target.numel()], means[:, 0], means[:, 1],
-                         self.bucket)
-        return payload, sent
+        target.sub_(by_bucket(positive.view(-1)[:target.numel()], means[:, 0], means[:, 1],
+                              self.bucket))
+        return payload
+
+    def _encode_run_loop(self, target: torch.Tensor) -> Payload:
+        """_encode_run with the counts, the bits and the residual from compiled loops (the
+        same numbers): 2-3x faster on the CPU (docs/compression.md)."""
+        n, size = target.numel(), self.bucket
+        rows = target.view(-1, size) if n % size == 0 else blocks(target, size)
+        count = torch.empty(rows.shape[0], dtype=torch.int32)
+        kernels.loops().count_nonnegative(target.numpy(), size, count.numpy())
+        means = self._means(rows, count, n)
+        bits = torch.empty(-(-n // 8), dtype=torch.uint8)
+        pair = means.view(-1, 2).T.contiguous()
+        kernels.loops().subtract_by_sign(target.numpy(), pair[0].numpy(), pair[1].numpy(), size,
+                                         bits.numpy())
+        return {"bits": bits, "means": means}
 
     def _compress(self, tensor: torch.Tensor):
         """The payload and the signs as (buckets, bucket), the padding False."""
@@ -121,25 +140,32 @@ class OneBit(Codec):
         n, size = x.numel(), self.bucket
         rows = x.view(-1, size) if n % size == 0 else blocks(x, size)
         positive = rows >= 0
-        negative = ~positive  # the padding (zeros) is non-negative: in neither mean
         if rows.numel() > n:
             positive[-1, n - rows.numel():] = False
         count = positive.view(torch.uint8).sum(1, dtype=torch.int32)  # int64: 30x slower
+        means = self._means(rows, count, n)
+        bits = pack_bits(positive.view(-1)[:n])
+        return {"bits": bits, "means": means}, positive
+
+    def _means(self, rows: torch.Tensor, count: torch.Tensor, n: int) -> torch.Tensor:
+        """The (non-negative, negative) mean pairs of the buckets (rows, the last padded
+        with zeros) of n elements, `count` of each non-negative (int32)."""
+        size = self.bucket
         real = torch.full_like(count, size)
         real[-1] = n - (rows.shape[0] - 1) * size
         # (rows * positive).sum(1): clamping adds up the same nonzero terms in the same
         # order, so only the sign of a zero sum can differ: those rows are summed as before
+        # (the padding adds +0 either way)
         high, low = rows.clamp_min(0).sum(1), rows.clamp_max(0).sum(1)
         zero = ((high == 0) | (low == 0)).nonzero().view(-1)
         if zero.numel():
             some = rows[zero]
-            high[zero] = (some * positive[zero]).sum(1)
-            low[zero] = (some * negative[zero]).sum(1)
+            positive = some >= 0
+            high[zero] = (some * positive).sum(1)
+            low[zero] = (some * ~positive).sum(1)
         high /= count.clamp_min(1)
         low /= (real - count).clamp_min(1)
-        means = torch.stack([high, low], 1).float().reshape(-1)
-        bits = pack_bits(positive.view(-1)[:n])
-        return {"bits": bits, "means": means}, positive
+        return torch.stack([high, low], 1).float().reshape(-1)
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         means = payload["means"].to(like.dtype).view(-1, 2)
@@ -167,13 +193,26 @@ class Sign(Codec):
             return self.compress(flat)
         return encode_in_runs(flat, state, self.bucket, self._encode_run)
 
-    def _encode_run(self, target: torch.Tensor) -> tuple[Payload, torch.Tensor]:
+    def _encode_run(self, target: torch.Tensor) -> Payload:
+        if kernels.usable(target):  # bits and residual from a compiled loop, same numbers
+            scales = self._scales(target)
+            bits = torch.empty(-(-target.numel() // 8), dtype=torch.uint8)
+            kernels.loops().subtract_by_sign(target.numpy(), scales.numpy(), (-scales).numpy(),
+                                             self.bucket, bits.numpy())
+            return {"bits": bits, "scales": scales}
         payload, positive, scales = self._compress(target)
         scale = scales.to(target.dtype)
-        return payload, by_bucket(positive, scale, -scale, self.bucket)
+        target.sub_(by_bucket(positive, scale, -scale, self.bucket))
+        return payload
 
     def _compress(self, tensor: torch.Tensor):
         x = tensor.reshape(-1)
+        positive = x >= 0
+        scales = self._scales(x)
+        return {"bits": pack_bits(positive), "scales": scales}, positive, scales
+
+    def _scales(self, x: torch.Tensor) -> torch.Tensor:
+        """||bucket||_1 / its size, per bucket of the flat x (float32)."""
         n, size = x.numel(), self.bucket
         full = n // size
         sums = x[:full * size].view(full, size).abs().sum(1)
@@ -182,9 +221,7 @@ class Sign(Codec):
             sums = torch.cat([sums, last])
         sizes = torch.full_like(sums, float(size))
         sizes[-1] = n - full * size if n > full * size else size
-        positive = x >= 0
-        scales = (sums / sizes).float()
-        return {"bits": pack_bits(positive), "scales": scales}, positive, scales
+        return (sums / sizes).float()
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         positive = unpack_flags(payload["bits"], like.numel())
@@ -271,32 +308,3 @@ def _fast_qsgd_ok() -> bool:
         torch.set_rng_state(saved)
         _FAST_QSGD.append(ok)
     return _FAST_QSGD[0]
-
-
-_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def by_bucket(flags: torch.Tensor, high: torch.Tensor, low: torch.Tensor,
-              size: int) -> torch.Tensor:
-    """Per element i of flags (n bools), high[i // size] where set, else low[i // size].
-
-    As torch.where, but on the floats' bit patterns: flag * (high ^ low) ^ low is high's
-    bits or low's, and these integer ops run vectorized, where torch.where does not."""
-    n, full = flags.numel(), flags.numel() // size
-    itype = _INT[high.element_size()]
-    low = low.reshape(-1).view(itype)
-    diff = high.reshape(-1).view(itype) ^ low
-    out = flags.reshape(-1).to(itype)  # 0 or 1
-    main = out[:full * size].view(full, size)
-    main.mul_(diff[:full].unsqueeze(1)).bitwise_xor_(low[:full].unsqueeze(1))
-    if n > full * size:
-        out[full * size:].mul_(diff[full]).bitwise_xor_(low[full])
-    return out.view(high.dtype)
-
-
-def blocks(tensor: torch.Tensor, size: int) -> torch.Tensor:
-    """The elements of `tensor` as rows of `size` (the last one padded with zeros)."""
-    x = tensor.reshape(-1)
-    padded = x.new_zeros(-(-x.numel() // size) * size)
-    padded[:x.numel()] = x
-    return padded.view(-1, size)
