@@ -12,7 +12,9 @@ import pytest
 
 from tests.faults.helpers import assert_joined_from_a_live_state
 
-STEPS, KILLED_AT, EVAL_EVERY = 300, 40, 100
+# 600 steps: on a fast box (1.7 ms a step) a join step set a quarter of a second of steps
+# ahead of a worker past step 140 was past step 300, and the loss was not made good
+STEPS, KILLED_AT, EVAL_EVERY = 600, 40, 200
 JOINED = re.compile(r"fastsgd: worker 2 was killed by signal 9 \(SIGKILL\); a new worker takes "
                     r"its place from step (\d+), with worker 0's state")
 
