@@ -270,7 +270,10 @@ def reference_powersgd(codec, tensor, state):
     p = torch.linalg.qr((state["q"].T @ matrix.T).T).Q
     q = (p.T @ matrix).T
     state["q"] = q
-    approximation = (p @ q.T).reshape(-1)[:flat.numel()]
+    # p q^T summed rank by rank in order, each product rounded before it is added (the
+    # same numbers on the CPU with the loops and without)
+    approximation = sum((torch.outer(p[:, k], q[:, k]) for k in range(1, q.shape[1])),
+                        torch.outer(p[:, 0], q[:, 0])).reshape(-1)[:flat.numel()]
     state["residual"] = flat - approximation
     return approximation.view_as(tensor)
 

@@ -105,3 +105,23 @@ def test_randomks_shuffle_is_torchs_with_the_loops_and_without(numel, k, without
                                                        torch.Generator().manual_seed(seed)))
         assert torch.equal(fast, torch.randperm(numel,
                                                 generator=torch.Generator().manual_seed(seed))[:k])
+
+
+class OneWorker:
+    world_size = 1
+
+    def all_reduce(self, tensor, async_op=False):
+        return None
+
+
+@pytest.mark.parametrize("numel", [7, 4096, NUMEL])
+def test_powersgds_approximation_is_the_same_with_the_loops_and_without(numel, without_loops):
+    def run():
+        codec, x = build_compressor({"name": "powersgd"}), gradient(0, numel)
+        state = codec.init(x)
+        return [(codec.all_reduce(gradient(step, numel), state, OneWorker()),
+                 state["residual"].clone(), state["q"].clone()) for step in range(3)]
+    fast = run()
+    without_loops()
+    for a, b in zip(fast, run()):
+        assert all(bitwise_equal(x, y) for x, y in zip(a, b))

@@ -61,6 +61,28 @@ def k_largest(target: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.T
     return out if kept == k else None
 
 
+def low_rank(p: torch.Tensor, q: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """p q^T, summed term by term (k = 0, 1, ...), as a flat tensor of flat's size; flat
+    becomes flat - p q^T, in place. On the CPU in one pass (a compiled loop) or its torch
+    form, the same numbers; on a GPU p @ q.T (cuBLAS's sums)."""
+    n, rows, cols = flat.numel(), p.shape[0], q.shape[0]
+    if p.device.type != "cpu":
+        approximation = (p @ q.T).reshape(-1)[:n]
+        flat.sub_(approximation)
+        return approximation
+    p, qt = p.contiguous(), q.T.contiguous()
+    if usable(p, qt, flat):
+        out = torch.empty(rows, cols, dtype=flat.dtype)
+        loops().low_rank(p.numpy(), qt.numpy(), flat.numpy(), out.numpy())
+        return out.reshape(-1)[:n]
+    out = p[:, :1] * qt[:1]
+    for k in range(1, p.shape[1]):
+        out += p[:, k:k + 1] * qt[k:k + 1]
+    approximation = out.reshape(-1)[:n]
+    flat.sub_(approximation)
+    return approximation
+
+
 def qsgd_planes(x: torch.Tensor, norms: torch.Tensor, levels: int, bucket: int,
                 width: int) -> torch.Tensor:
     """QSGD's packed levels of x (see loops.qsgd_levels), drawing from torch's default CPU

@@ -208,3 +208,23 @@ def subtract_by_sign(target, high, low, bucket, bits):
         for i in range(run.shape[0]):
             t = run[i]
             run[i] = t - (up if t >= 0 else down)
+
+
+@jit
+def low_rank(p, qt, flat, out):
+    """out = p qt as the sum over k = 0, 1, ... of p[:, k] qt[k] (each term rounded, then
+    added: no fused multiply-adds), row by row; flat -= out over flat's n <= rows * cols
+    elements (the matrix's padding is not in flat)."""
+    rows, rank = p.shape
+    cols, n = qt.shape[1], flat.shape[0]
+    for i in range(rows):
+        row = out[i]
+        for j in range(cols):
+            row[j] = p[i, 0] * qt[0, j]
+        for k in range(1, rank):
+            a, terms = p[i, k], qt[k]
+            for j in range(cols):
+                row[j] = row[j] + a * terms[j]
+        rest = flat[i * cols:min(n, (i + 1) * cols)]
+        for j in range(rest.shape[0]):
+            rest[j] = rest[j] - row[j]

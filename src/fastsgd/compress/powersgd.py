@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from fastsgd.compress import kernels
 from fastsgd.compress.base import Codec, Payload
 from fastsgd.errors import UserError
 from fastsgd.options import Option, at_least
@@ -68,8 +69,8 @@ class PowerSGD(Codec):
         transport.all_reduce(q)
         q /= transport.world_size
         state["q"] = q
-        approximation = (p @ q.T).reshape(-1)[:flat.numel()]
-        state["residual"] = flat.sub_(approximation)  # as torch's powerSGD_hook: vs the mean's
+        approximation = kernels.low_rank(p, q, flat)  # flat is the residual now
+        state["residual"] = flat  # as torch's powerSGD_hook: against the mean's approximation
         return approximation.view_as(tensor)
 
     def compress(self, tensor: torch.Tensor) -> Payload:
