@@ -51,14 +51,29 @@ def add_and_scan(flat: torch.Tensor, target: torch.Tensor, threshold: float,
     return (found[:count] if count <= capacity else None), bool(nan)
 
 
-def k_largest(target: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor | None:
-    """The candidates (increasing indices) whose |target| are the k largest, in increasing
-    order, or None when the k-th and the (k+1)-th largest magnitudes are equal. No NaNs."""
+def k_largest(target: torch.Tensor, candidates: torch.Tensor, k: int,
+              take: bool) -> dict[str, torch.Tensor] | None:
+    """The payload (int32 indices, increasing, and values) of the candidates (increasing
+    indices) whose |target| are the k largest, with `take` subtracted from target in place;
+    None, and target untouched, when the k-th and the (k+1)-th largest magnitudes are equal.
+    No NaNs."""
     if candidates.numel() < k:
         return None
-    out = torch.empty(k, dtype=torch.int64)
-    kept = loops().k_largest(target.view(torch.int32).numpy(), candidates.numpy(), k, out.numpy())
-    return out if kept == k else None
+    indices, values = torch.empty(k, dtype=torch.int32), torch.empty(k, dtype=target.dtype)
+    kept = loops().k_largest(target.numpy(), candidates.numpy(), k, indices.numpy(),
+                             values.numpy(), take)
+    return {"indices": indices, "values": values} if kept == k else None
+
+
+def take(target: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """target[indices] (distinct indices), and target loses them: target[i] - target[i]."""
+    if usable(target) and indices.device.type == "cpu":
+        values = torch.empty(indices.numel(), dtype=target.dtype)
+        loops().take(target.numpy(), indices.numpy(), values.numpy())
+        return values
+    values = target[indices]
+    target[indices] = target[indices] - values
+    return values
 
 
 def low_rank(p: torch.Tensor, q: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:

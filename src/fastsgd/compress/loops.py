@@ -108,21 +108,30 @@ def qsgd_levels(x, norms, levels, bucket, words, start, planes):
 
 
 @jit
-def k_largest(bits, candidates, k, out):
-    """The candidates whose magnitudes are the k largest, in the candidates' order, into
-    `out` (k); returns how many are at least the k-th largest: k, or more on a tie. `bits`
-    are float32s' bit patterns (int32), without NaNs: a magnitude's pattern is the sign bit
-    cleared, and those are ordered as the magnitudes."""
-    count = candidates.shape[0]
+def k_largest(target, candidates, k, indices, values, take):
+    """The candidates (increasing) whose |target| (float32, no NaN) are the k largest: their
+    indices (int32) and values go to `indices` and `values`, and with `take` target loses
+    them (target[i] - values[i], in place). Returns how many candidates are at least the
+    k-th largest: k, or more on a tie, and then nothing is written. A magnitude's bit
+    pattern is the float's with the sign bit cleared; those are ordered as the floats."""
+    count, bits = candidates.shape[0], target.view(np.int32)
     picked = np.empty(count, np.int64)
     for j in range(count):
         picked[j] = bits[candidates[j]] & 0x7FFFFFFF
     kth = kth_largest(picked, k)
     kept = 0
     for j in range(count):
+        kept += picked[j] >= kth
+    if kept != k:
+        return kept
+    m = 0
+    for j in range(count):
         if picked[j] >= kth:
-            out[min(kept, k - 1)] = candidates[j]
-            kept += 1
+            i = candidates[j]
+            indices[m], values[m] = i, target[i]
+            if take:
+                target[i] = target[i] - values[m]
+            m += 1
     return kept
 
 
@@ -146,31 +155,30 @@ def kth_largest(values, k):
 
 @jit
 def shuffle_head(n, draws, out):
-    """out = the first k (= len(out)) elements of the Fisher-Yates shuffle of 0..n-1 that
-    swaps position i with i + draws[i] % (n - i), as torch.randperm does; the positions it
-    moved are kept in an open-addressing table (the rest hold their own index)."""
+    """out = the first k (= len(out)) elements of the Fisher-Yates shuffle of 0..n-1
+    (n < 2^31) that swaps position i with i + draws[i] % (n - i), as torch.randperm does.
+    The positions it moved are kept in an open-addressing table, a position and what it
+    holds in one int64 (the rest hold their own index)."""
     k = out.shape[0]
     size = 1 << max(4, int(np.ceil(np.log2(4 * k + 1))))
-    keys, values = np.full(size, -1, np.int64), np.empty(size, np.int64)
-    mask = size - 1
+    table, mask = np.full(size, -1, np.int64), size - 1
     for i in range(k):
         z = i + np.int64(draws[i]) % (n - i)
-        si = slot(keys, i, mask)
-        vi = values[si] if keys[si] == i else i
-        sz = slot(keys, z, mask)
-        vz = values[sz] if keys[sz] == z else z
-        keys[sz], values[sz] = z, vi
-        si = slot(keys, i, mask)  # z's entry may have taken i's free slot
-        keys[si], values[si] = i, vz
+        si = slot(table, i, mask)
+        vi = table[si] & 0xFFFFFFFF if table[si] != -1 else i
+        sz = slot(table, z, mask)
+        vz = table[sz] & 0xFFFFFFFF if table[sz] != -1 else z
+        table[sz] = (z << 32) | vi
+        table[slot(table, i, mask)] = (i << 32) | vz  # z's entry may have taken i's slot
         out[i] = vz
     return out
 
 
 @jit
-def slot(keys, key, mask):
+def slot(table, key, mask):
     """Where key is in the table, or the free slot where it would go (linear probing)."""
     at = (key * np.int64(-7046029254386353131)) >> np.int64(20) & mask
-    while keys[at] != key and keys[at] != -1:
+    while table[at] != -1 and table[at] >> 32 != key:
         at = (at + 1) & mask
     return at
 
@@ -228,3 +236,13 @@ def low_rank(p, qt, flat, out):
         rest = flat[i * cols:min(n, (i + 1) * cols)]
         for j in range(rest.shape[0]):
             rest[j] = rest[j] - row[j]
+
+
+@jit
+def take(target, indices, values):
+    """values = target[indices]; target[i] -= values (one access per index)."""
+    for m in range(indices.shape[0]):
+        i = indices[m]
+        v = target[i]
+        values[m] = v
+        target[i] = v - v

@@ -60,11 +60,7 @@ class TopK(Codec):
         flat = tensor.detach().reshape(-1)
         if not self.error_feedback:
             return self.compress(flat)
-        target = state["residual"]
-        payload = top_k_of_sum(flat, target, kept(flat.numel(), self.ratio))
-        indices = payload["indices"].long()
-        target[indices] = target[indices] - payload["values"].to(target.dtype)
-        return payload
+        return top_k_of_sum(flat, state["residual"], kept(flat.numel(), self.ratio), take=True)
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         return scatter(payload["indices"], payload["values"], like)
@@ -81,17 +77,24 @@ class RandomK(Codec):
         self.ratio, self.error_feedback = ratio, error_feedback
 
     def compress(self, tensor: torch.Tensor) -> Payload:
-        return self.sparsify(tensor.reshape(-1))[0]
-
-    def sparsify(self, x: torch.Tensor) -> tuple[Payload, torch.Tensor]:
-        """The payload and the indices it stands for (drawn once per encode: they cost more
-        than the rest of it)."""
-        seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
-        indices = self._indices(int(seed), x)
-        return {"seed": seed.to(x.device), "values": x[indices]}, indices
+        x = tensor.reshape(-1)
+        seed, indices = self._draw(x)
+        return {"seed": seed, "values": x[indices]}
 
     def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
-        return encode_sparse(self, tensor, state)
+        """`Codec.encode`: the residual is the target with the sent coordinates taken away
+        (the same numbers as target - decode(payload)); the indices are drawn once."""
+        flat = tensor.detach().reshape(-1)
+        if not self.error_feedback:
+            return self.compress(flat)
+        target = state["residual"] = flat + state["residual"]
+        seed, indices = self._draw(target)
+        return {"seed": seed, "values": kernels.take(target, indices)}
+
+    def _draw(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A seed (on x's device) and the indices it stands for."""
+        seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+        return seed.to(x.device), self._indices(int(seed), x)
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         indices = self._indices(int(payload["seed"]), like)
@@ -155,19 +158,6 @@ class DGC(Codec):
         return scatter(payload["indices"], payload["values"], like)
 
 
-def encode_sparse(codec: Codec, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
-    """`Codec.encode` for a sparse codec: the residual is what was to be sent with the sent
-    coordinates taken away, in place (the same numbers as target - decode(payload))."""
-    flat = tensor.detach().reshape(-1)
-    if not codec.error_feedback:
-        return codec.compress(flat)
-    target = flat + state["residual"]
-    payload, indices = codec.sparsify(target)
-    target[indices] = target[indices] - payload["values"].to(target.dtype)
-    state["residual"] = target
-    return payload
-
-
 def top_k(x: torch.Tensor, k: int) -> Payload:
     """The k largest magnitudes of x: on the CPU in the order of their indices, elsewhere as
     torch.topk(sorted=False) orders them (decoding scatters them: the order changes nothing
@@ -226,9 +216,12 @@ def _k_largest(candidates: torch.Tensor, picked: torch.Tensor, k: int) -> torch.
     return candidates[keep] if int(keep.sum()) == k else None
 
 
-def top_k_of_sum(addend: torch.Tensor, target: torch.Tensor, k: int) -> Payload:
-    """target += addend, in place, then `top_k(target, k)`. On the CPU the sum, the scan for
-    candidates and the NaN check are one pass (kernels.add_and_scan), not five."""
+def top_k_of_sum(addend: torch.Tensor, target: torch.Tensor, k: int,
+                 take: bool = False) -> Payload:
+    """target += addend, in place, then `top_k(target, k)`, and with `take` the payload's
+    values are subtracted from target at their indices (error feedback's residual). On the
+    CPU the sum, the scan for candidates and the NaN check are one pass
+    (kernels.add_and_scan), and the selection, the payload and the subtraction another."""
     n = target.numel()
     if kernels.usable(addend, target) and _shortcut_fits(target, k) \
             and _fast_top_k_ok(target.device):
@@ -236,12 +229,17 @@ def top_k_of_sum(addend: torch.Tensor, target: torch.Tensor, k: int) -> Payload:
         threshold = float(_threshold((target[::stride] + addend[::stride]).abs(), k, n))
         if threshold == threshold:  # not NaN
             candidates, nan = kernels.add_and_scan(addend, target, threshold, n // 4)
-            if candidates is not None and not nan:
-                indices = kernels.k_largest(target, candidates, k)
-                if indices is not None:
-                    return {"indices": indices.to(torch.int32), "values": target[indices]}
-            return top_k(target, k)  # the sum is made: torch's selection decides
-    return top_k(target.add_(addend), k)
+            payload = None if candidates is None or nan else \
+                kernels.k_largest(target, candidates, k, take)
+            return payload or _taken(top_k(target, k), target, take)  # torch's selection
+    return _taken(top_k(target.add_(addend), k), target, take)
+
+
+def _taken(payload: Payload, target: torch.Tensor, take: bool) -> Payload:
+    if take:
+        indices = payload["indices"].long()
+        target[indices] = target[indices] - payload["values"].to(target.dtype)
+    return payload
 
 
 _FAST_TOP_K: dict[str, bool] = {}
