@@ -101,7 +101,9 @@ def low_rank(p: torch.Tensor, q: torch.Tensor, flat: torch.Tensor) -> torch.Tens
 def qsgd_planes(x: torch.Tensor, norms: torch.Tensor, levels: int, bucket: int,
                 width: int) -> torch.Tensor:
     """QSGD's packed levels of x (see loops.qsgd_levels), drawing from torch's default CPU
-    generator exactly what `torch.rand_like(x)` would, and leaving it where that would."""
+    generator exactly what `torch.rand_like(x)` would, and leaving it where that would.
+    (The generator's state is read, advanced and written back: a draw from it by another
+    thread meanwhile would be drawn again.)"""
     n = x.numel()
     planes = torch.zeros(width, -(-n // 8), dtype=torch.uint8)
     if n == 0:
