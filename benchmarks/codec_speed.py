@@ -17,8 +17,9 @@ For each codec (defaults of `[compression]`) and each size (MB of fp32 input, de
 Each figure is bytes of fp32 input over the median of `--repeats` timings after `--warmup`
 untimed runs (the state carries over from run to run, as in training). The medians of the
 thread's CPU time are in the JSON too: on a shared machine they are steadier than wall time.
-Prints the machine (CPU model, cores, load average) and the torch version, then a Markdown
-table; `--json` prints all of it as JSON instead. `--device cuda` times on the GPU
+Prints the machine (CPU model, cores, load average), the torch version and whether the
+codecs' compiled loops ran (compress/kernels.py; FASTSGD_KERNELS=0 times the torch code),
+then a Markdown table; `--json` prints all of it as JSON instead. `--device cuda` times on the GPU
 (synchronizing around each run) and refuses when CUDA is absent.
 
 Today's figures, before and after, are in docs/compression.md ("Encode and decode speed").
@@ -37,7 +38,7 @@ import time
 import torch
 from common import cpu_name
 
-from fastsgd.compress import CODECS
+from fastsgd.compress import CODECS, kernels
 from fastsgd.compress.powersgd import shape_of
 
 ORDER = ["none", "fp16", "bf16", "onebit", "sign", "qsgd", "topk", "randomk", "dgc", "powersgd"]
@@ -63,6 +64,8 @@ def machine(device: torch.device) -> dict:
         info["load_average"] = [round(v, 2) for v in os.getloadavg()]
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
+    module = kernels.loops()  # the compiled CPU loops (compress/kernels.py), or off
+    info["loops"] = f"numba {module.numba.__version__}" if module is not None else "off"
     return info
 
 
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{info['cpu']}, {info['cores']} cores"
           + (f", load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}" if load else "")
           + f"; torch {info['torch']}, {args.threads} thread(s), device {device}"
+          + f", compiled loops {info['loops']}"
           + (f" ({info['gpu']})" if "gpu" in info else ""))
     print(f"GB/s of fp32 input, median of {args.repeats} after {args.warmup} warm-up runs\n")
     print(table(results, args.sizes))
