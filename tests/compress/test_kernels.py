@@ -2,6 +2,7 @@
 payloads, residuals and generator state, bit for bit, with the loops on and off."""
 
 import os
+import threading
 
 import pytest
 import torch
@@ -54,7 +55,7 @@ def ties(seed: int, numel: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", ["onebit", "sign", "qsgd", "topk", "randomk", "dgc"])
-@pytest.mark.parametrize("numel", [1, 9, 4096, 4097, NUMEL, 2**20 + 3])
+@pytest.mark.parametrize("numel", [0, 1, 9, 4096, 4097, NUMEL, 2**20 + 3])
 @pytest.mark.parametrize("data", [gradient, zeros_and_repeats, ties])
 def test_the_loops_give_what_the_torch_code_gives(name, numel, data, without_loops):
     fast = encodes(name, numel, 3, data)
@@ -125,3 +126,33 @@ def test_powersgds_approximation_is_the_same_with_the_loops_and_without(numel, w
     without_loops()
     for a, b in zip(fast, run()):
         assert all(bitwise_equal(x, y) for x, y in zip(a, b))
+
+
+def test_qsgd_draws_are_its_own_when_another_thread_compresses_too():
+    """ps answers fetches in a transport thread: its compresses (torch.rand_like there) and
+    the main thread's (the loop) never draw the same numbers."""
+    codec = build_compressor({"name": "qsgd", "levels": 1, "bucket": 2**20})
+    x = torch.full((2**20,), 0.5)  # each element goes up with probability 1/1024
+    codec.compress(x)  # compiled and checked before the race
+    payloads: list[torch.Tensor] = []
+
+    def compress(times: int) -> None:
+        for _ in range(times):
+            payloads.append(codec.compress(x)["levels"])
+    other = threading.Thread(target=compress, args=(30,))
+    other.start()
+    compress(30)
+    other.join()
+    distinct = {bytes(p.numpy()) for p in payloads}
+    assert len(payloads) == 60 and len(distinct) == 60
+
+
+def test_the_loops_self_check_leaves_the_gpus_seed_alone(monkeypatch):
+    torch.manual_seed(1)
+    seeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", seeded.append)
+    monkeypatch.setattr(quantize, "_FAST_QSGD", [])
+    state = torch.get_rng_state()
+    build_compressor({"name": "qsgd"}).compress(torch.zeros(10))
+    assert seeded == [] and quantize._FAST_QSGD == ([True] if kernels.loops() else [])
+    assert not torch.equal(state, torch.get_rng_state())  # the compress drew, nothing else

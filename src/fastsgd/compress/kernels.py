@@ -11,11 +11,20 @@ in a process compiles a loop, or loads it from numba's cache (about 0.1 s)."""
 from __future__ import annotations
 
 import os
+import threading
 from types import ModuleType
 
 import torch
 
 _LOOPS: list[ModuleType | None] = []
+
+# QSGD's loop reads torch's default generator, advances it itself and writes it back: not
+# atomic as torch.rand_like is. So it runs only on the main thread (the training thread;
+# the simulator's workers too), and every QSGD compress, with the loop or torch.rand_like,
+# holds DRAWS: a compress in a transport thread (ps answers fetches there) draws its own
+# numbers. Another thread of the user's drawing from that generator at the same moment
+# would draw numbers again: there, FASTSGD_KERNELS=0.
+DRAWS = threading.RLock()
 
 # torch's CPU generator state (CPUGeneratorImplState): offsets of MT19937's fields
 _LEFT, _NEXT, _WORDS, _N = 8, 16, 24, 624
@@ -39,6 +48,11 @@ def usable(*tensors: torch.Tensor) -> bool:
     return loops() is not None and all(
         t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
         and not t.requires_grad for t in tensors)
+
+
+def may_draw() -> bool:
+    """Whether QSGD's loop may draw from torch's default generator here (see DRAWS)."""
+    return threading.current_thread() is threading.main_thread()
 
 
 def add_and_scan(flat: torch.Tensor, target: torch.Tensor, threshold: float,
@@ -101,9 +115,8 @@ def low_rank(p: torch.Tensor, q: torch.Tensor, flat: torch.Tensor) -> torch.Tens
 def qsgd_planes(x: torch.Tensor, norms: torch.Tensor, levels: int, bucket: int,
                 width: int) -> torch.Tensor:
     """QSGD's packed levels of x (see loops.qsgd_levels), drawing from torch's default CPU
-    generator exactly what `torch.rand_like(x)` would, and leaving it where that would.
-    (The generator's state is read, advanced and written back: a draw from it by another
-    thread meanwhile would be drawn again.)"""
+    generator exactly what `torch.rand_like(x)` would, and leaving it where that would
+    (on the main thread, holding DRAWS)."""
     n = x.numel()
     planes = torch.zeros(width, -(-n // 8), dtype=torch.uint8)
     if n == 0:

@@ -152,7 +152,8 @@ class OneBit(Codec):
         with zeros) of n elements, `count` of each non-negative (int32)."""
         size = self.bucket
         real = torch.full_like(count, size)
-        real[-1] = n - (rows.shape[0] - 1) * size
+        if real.numel():  # (an empty tensor has no bucket)
+            real[-1] = n - (rows.shape[0] - 1) * size
         # (rows * positive).sum(1): clamping adds up the same nonzero terms in the same
         # order, so only the sign of a zero sum can differ: those rows are summed as before
         # (the padding adds +0 either way)
@@ -220,7 +221,8 @@ class Sign(Codec):
             last = blocks(x[full * size:], size).abs().sum(1)
             sums = torch.cat([sums, last])
         sizes = torch.full_like(sums, float(size))
-        sizes[-1] = n - full * size if n > full * size else size
+        if n > full * size:
+            sizes[-1] = n - full * size
         return (sums / sizes).float()
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
@@ -246,11 +248,13 @@ class QSGD(Codec):
         rows = x.view(-1, size) if n % size == 0 else blocks(x, size)
         norms = rows.norm(dim=1, keepdim=True).float()
         tiny = torch.finfo(torch.float32).tiny
-        if self.width <= 8 and kernels.usable(x) and bool(norms.isfinite().all()) \
-                and _fast_qsgd_ok():
-            levels = kernels.qsgd_planes(x, norms.clamp_min(tiny).view(-1), self.levels, size,
-                                         self.width)
-            return {"norms": norms.reshape(-1), "levels": levels}
+        if self.width <= 8 and kernels.usable(x) and kernels.may_draw() \
+                and bool(norms.isfinite().all()):
+            with kernels.DRAWS:  # one compress at a time draws from torch's generator
+                if _fast_qsgd_ok():
+                    levels = kernels.qsgd_planes(x, norms.clamp_min(tiny).view(-1),
+                                                 self.levels, size, self.width)
+                    return {"norms": norms.reshape(-1), "levels": levels}
         return self._compress_torch(x, rows, norms)
 
     def _compress_torch(self, x: torch.Tensor, rows: torch.Tensor,
@@ -261,7 +265,8 @@ class QSGD(Codec):
             scaled / norms.clamp_min(tiny)
         scaled = scaled.mul_(self.levels).view(-1)[:n]
         level = scaled.floor()
-        up = torch.rand_like(scaled) < scaled.sub_(level)  # scaled is its fraction now
+        with kernels.DRAWS:
+            up = torch.rand_like(scaled) < scaled.sub_(level)  # scaled is its fraction now
         # (adding the bools themselves would convert them on torch's slow mixed-type path)
         level.add_(up.to(level.dtype)).mul_(torch.sign(x)).add_(self.levels)  # [0, 2 levels]
         small = self.width <= 8
@@ -289,13 +294,13 @@ _FAST_QSGD: list[bool] = []
 def _fast_qsgd_ok() -> bool:
     """Whether the compiled QSGD loop gives the torch code's payloads and leaves torch's
     generator where it would (checked once, the generator restored after)."""
-    if not _FAST_QSGD:
+    if not _FAST_QSGD:  # (under kernels.DRAWS, on the main thread: see QSGD.compress)
         saved, codec, ok = torch.get_rng_state(), QSGD(), True
         x = torch.randn(5000, generator=torch.Generator().manual_seed(9))
         for draws in (0, 1, 623, 1000):
             results = []
             for fast in (True, False):
-                torch.manual_seed(11)
+                torch.default_generator.manual_seed(11)  # the CPU's alone: CUDA's untouched
                 torch.rand(draws)
                 rows = blocks(x, codec.bucket)
                 norms = rows.norm(dim=1, keepdim=True).float()

@@ -18,6 +18,8 @@ def randperm_head(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
     step j (the latest) swapped there, and then it is what step j found at position j;
     those chains are short and are followed by pointer jumping. Checked once against
     torch.randperm; if this torch shuffles otherwise, randperm itself is used."""
+    if k == 0:
+        return torch.empty(0, dtype=torch.int64)
     if not _fast_randperm_ok() or n >= 2**24:
         return torch.randperm(n, generator=generator)[:k]
     return _randperm_head(n, k, generator)

@@ -33,7 +33,8 @@ def unit_ratio(v: float) -> str | None:
 
 
 def kept(numel: int, ratio: float) -> int:
-    return max(1, min(numel, math.ceil(ratio * numel)))
+    """How many of numel elements a sparse payload carries: at least one, if there is one."""
+    return min(numel, max(1, math.ceil(ratio * numel)))
 
 
 class TopK(Codec):
