@@ -244,18 +244,25 @@ class QSGD(Codec):
 
     def compress(self, tensor: torch.Tensor) -> Payload:
         x = tensor.reshape(-1)
-        n, size = x.numel(), self.bucket
-        rows = x.view(-1, size) if n % size == 0 else blocks(x, size)
-        norms = rows.norm(dim=1, keepdim=True).float()
-        tiny = torch.finfo(torch.float32).tiny
+        rows, norms = self._norms(x)
         if self.width <= 8 and kernels.usable(x) and kernels.may_draw() \
                 and bool(norms.isfinite().all()):
             with kernels.DRAWS:  # one compress at a time draws from torch's generator
                 if _fast_qsgd_ok():
-                    levels = kernels.qsgd_planes(x, norms.clamp_min(tiny).view(-1),
-                                                 self.levels, size, self.width)
-                    return {"norms": norms.reshape(-1), "levels": levels}
+                    return self._compress_loop(x, norms)
         return self._compress_torch(x, rows, norms)
+
+    def _norms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buckets of x as rows (the last padded with zeros) and their norms (float32)."""
+        size = self.bucket
+        rows = x.view(-1, size) if x.numel() % size == 0 else blocks(x, size)
+        return rows, rows.norm(dim=1, keepdim=True).float()
+
+    def _compress_loop(self, x: torch.Tensor, norms: torch.Tensor) -> Payload:
+        tiny = torch.finfo(torch.float32).tiny
+        levels = kernels.qsgd_planes(x, norms.clamp_min(tiny).view(-1), self.levels,
+                                     self.bucket, self.width)
+        return {"norms": norms.reshape(-1), "levels": levels}
 
     def _compress_torch(self, x: torch.Tensor, rows: torch.Tensor,
                         norms: torch.Tensor) -> Payload:
@@ -302,13 +309,10 @@ def _fast_qsgd_ok() -> bool:
             for fast in (True, False):
                 torch.default_generator.manual_seed(11)  # the CPU's alone: CUDA's untouched
                 torch.rand(draws)
-                rows = blocks(x, codec.bucket)
-                norms = rows.norm(dim=1, keepdim=True).float()
-                tiny = torch.finfo(torch.float32).tiny
-                payload = kernels.qsgd_planes(x, norms.clamp_min(tiny).view(-1), 15,
-                                              codec.bucket, codec.width) if fast \
-                    else codec._compress_torch(x, rows, norms)["levels"]
-                results.append((payload, torch.rand(3)))
+                rows, norms = codec._norms(x)
+                payload = codec._compress_loop(x, norms) if fast \
+                    else codec._compress_torch(x, rows, norms)
+                results.append((payload["levels"], torch.rand(3)))
             ok = ok and all(torch.equal(a, b) for a, b in zip(*results))
         torch.set_rng_state(saved)
         _FAST_QSGD.append(ok)
