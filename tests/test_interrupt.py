@@ -36,6 +36,8 @@ def _run(monkeypatch, pauses: list[float], asked: int, ahead_looks: int = 3) -> 
     stops[asked].on_sigint()
     for t in threads:
         t.join(timeout=30)
+    for stop in stops:
+        stop.close()
     assert all(stopped), stopped
     return stopped
 
@@ -66,10 +68,74 @@ def test_a_restarted_job_does_not_see_the_last_attempts_stop(monkeypatch):
     monkeypatch.setattr(StoreStop, "LOOK_EVERY", 0.0)
     first = StoreStop(store, 0, 1)
     first.on_sigint()
-    assert any(first.after(0, k) for k in range(1, 10))
+    assert _stops_within(first, 5.0)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     again = StoreStop(store, 0, 1)
-    assert not any(again.after(0, k) for k in range(1, 50))
+    assert not _stops_within(again, 0.3)
+    first.close()
+    again.close()
+
+
+def _stops_within(stop: StoreStop, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    step = 0
+    while time.monotonic() < deadline:
+        step += 1
+        if stop.after(0, step):
+            return True
+        time.sleep(0.001)
+    return False
+
+
+class _ThreadsOf:
+    """A store that notes which thread made each request."""
+
+    def __init__(self, store):
+        self.store, self.threads = store, []
+
+    def __getattr__(self, name):
+        def request(*args):
+            self.threads.append(threading.current_thread())
+            return getattr(self.store, name)(*args)
+        return request
+
+
+def test_the_training_thread_leaves_the_store_alone_until_the_stop(monkeypatch):
+    # on a busy link each look waited behind the training's own data: 0.05-0.2 s a step
+    monkeypatch.setattr(StoreStop, "LOOK_EVERY", 0.001)
+    store = _ThreadsOf(dist.HashStore())
+    stop = StoreStop(store, 0, 1)
+    assert not _stops_within(stop, 0.2)
+    assert len(store.threads) > 10  # it published its progress all along
+    assert threading.main_thread() not in store.threads
+    stop.on_sigint()
+    assert _stops_within(stop, 5.0)
+    assert threading.main_thread() in store.threads  # it counted in at the stop itself
+    stop.close()
+
+
+def test_a_store_that_fails_fails_the_training_thread(monkeypatch):
+    monkeypatch.setattr(StoreStop, "LOOK_EVERY", 0.001)
+
+    class Gone:
+        def set(self, *args):
+            raise RuntimeError("Connection reset by peer")
+
+    stop = StoreStop(Gone(), 0, 1)
+    with pytest.raises(RuntimeError, match="reset"):
+        _stops_within(stop, 5.0)
+    stop.close()
+
+
+def test_close_ends_the_looks():
+    store = _ThreadsOf(dist.HashStore())
+    stop = StoreStop(store, 0, 1)
+    stop.after(0, 1)
+    stop.close()
+    assert not stop._looker.is_alive()
+    seen = len(store.threads)
+    time.sleep(2 * stop.every)
+    assert len(store.threads) == seen
 
 
 class _RacingProgress:

@@ -16,7 +16,8 @@ Under torchrun there is no launcher of ours and the workers may be on several ma
 when it is interrupted) asks to stop, and the workers agree on the step through the job's
 store, as above: each publishes its progress every 0.1 s (longer beyond 200 workers, to spare
 the store), and the first one asked sets the stop ahead of the furthest by what the fastest
-does in three such periods.
+does in three such periods. A thread of each worker does that, not its training thread:
+the store's answers can queue behind the training's data on a busy link.
 """
 
 from __future__ import annotations
@@ -182,23 +183,60 @@ class StoreStop:
         self.asked = 0.0  # when the first SIGINT came
         self.proposed = False
         self.stop_at = 0
+        self.step = 0  # the last step done here: what the looks publish
         self.looked: tuple[float, int] | None = None  # (when, at which step): from the first
         # no more than about 4000 store requests a second in all, however many workers
         self.every = self.LOOK_EVERY * max(1.0, world_size / 200)
+        self._wake = threading.Event()  # a SIGINT: look now
+        self._lock = threading.Lock()  # one of the two threads on the store at a time
+        self._looker: threading.Thread | None = None
+        self._failed: BaseException | None = None  # the looker's, raised in `after`
+        self._closed = False
 
     def on_sigint(self, *_: Any) -> None:
         if self.asked and time.monotonic() - self.asked > self.AGAIN_AFTER:
             raise KeyboardInterrupt
         self.asked = self.asked or time.monotonic()
+        self._wake.set()
 
     def after(self, rank: int, step: int) -> bool:
-        now = time.monotonic()
-        if self.looked is None:  # rates count from the first step done here, not setup
-            self.looked = (now, step)
-        if not self.stop_at and (self.asked and not self.proposed
-                                 or now - self.looked[0] >= self.every):
-            self._look(step, now)
-        return bool(self.stop_at) and step >= self.stop_at and self._all_in(step)
+        """Step `step` is done: stop here? The looks at the store run in a thread of their
+        own: on a busy link the store's answers queue behind the training's own data
+        (0.05-0.2 s a look on emulated 20 Mbit/s hosts, docs/multihost.md), which the
+        training thread must not wait for. Only at the stop does it use the store itself."""
+        self.step = step
+        if self._looker is None:  # rates count from the first step done here, not setup
+            self.looked = (time.monotonic(), step)
+            self._looker = threading.Thread(target=self._look_loop, daemon=True,
+                                            name=f"fastsgd-stop-{self.rank}")
+            self._looker.start()
+        if self._failed is not None:
+            raise self._failed
+        if not (self.stop_at and step >= self.stop_at):
+            return False
+        with self._lock:
+            return self._all_in(step)
+
+    def _look_loop(self) -> None:
+        """Every `every` seconds, or at once on a SIGINT, until a stop is known."""
+        try:
+            while not (self.stop_at or self._closed):
+                if not (self.asked and not self.proposed):
+                    self._wake.wait(self.every)
+                self._wake.clear()
+                with self._lock:
+                    if not (self.stop_at or self._closed):
+                        self._look(self.step, time.monotonic())
+        except BaseException as e:  # noqa: BLE001 - the store is gone: the training thread's
+            self._failed = e
+
+    def close(self) -> None:
+        """The worker is done: no more looks (the store may go before this process). A look
+        that hangs on a store already gone is left to end with the process."""
+        self._closed = True
+        self._wake.set()
+        if self._looker is not None:
+            self._looker.join(timeout=10.0)
 
     def _look(self, step: int, now: float) -> None:
         assert self.looked is not None

@@ -246,6 +246,7 @@ class Job:
             raise WorkerFailed(f"worker {transport.rank}: a peer is gone "
                                f"({str(e).splitlines()[0]})") from None
         finally:
+            stop.close()
             interrupt.share(None)
             transport.close()
         return Result(summary, plan.run_dir)
