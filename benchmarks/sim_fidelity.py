@@ -2,7 +2,7 @@
 
     sudo python3 benchmarks/sim_fidelity.py [--workers 2 3 4] [--strategies allreduce dpsgd
         sgp ps] [--bandwidth 20Mbit] [--steps 40] [--json FILE] [--check]
-        [--sim-set compute.model=profile ...]
+        [--sim-set compute.model=profile ...] [--tcp reno|bbr|machine]
 
 The simulator's claims (who waits for whom, how long a message takes) are only worth what
 its timing is worth, and that can be checked only against real links. Each emulated host is
@@ -158,7 +158,8 @@ def run_all(args: argparse.Namespace, children: Children, runs: Path) -> list[di
     rate = args.bandwidth.lower().replace("/s", "")  # tc: 20mbit = 20e6 bit/s, as fastsgd
     for n in args.workers:
         with EmulatedHosts(n, rate, args.burst, args.limit, args.mtu,
-                           sysctls=tuple(args.sysctl)) as hosts:
+                           sysctls=tuple(args.sysctl),
+                           tcp=None if args.tcp == "machine" else args.tcp) as hosts:
             rtt, tcp = hosts.round_trip(0, 1), hosts.congestion_control()
             latency = f"{rtt / 2 * 1e6:.0f}us"
             print(f"{n} hosts: {args.bandwidth} each way (tbf burst {args.burst}), TCP {tcp}, "
@@ -203,6 +204,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--burst", default="16kb", help="tc tbf burst of every link")
     p.add_argument("--limit", default="8mb", help="tc tbf queue of every link (bytes)")
     p.add_argument("--mtu", type=int, default=1500, help="of every link (9000: jumbo frames)")
+    p.add_argument("--tcp", default="reno",
+                   help="the hosts' TCP congestion control (machine: this machine's)")
     p.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
                    help="set in every host's namespace (e.g. net.ipv4.tcp_slow_start_after_idle=0)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -256,8 +259,9 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
 
 
 def write_json(path: Path, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    settings = {key: getattr(args, key) for key in ("bandwidth", "burst", "limit", "mtu",
-                                                    "steps", "warmup", "set", "sim_set")}
+    settings = {key: getattr(args, key) for key in ("bandwidth", "burst", "limit", "mtu", "tcp",
+                                                    "sysctl", "steps", "warmup", "set",
+                                                    "sim_set")}
     meta = {"command": sys.argv, "machine": platform.platform(), "cpu": cpu_name(),
             "cpus": os.cpu_count(),
             "load_average_at_end": os.getloadavg(), **settings}

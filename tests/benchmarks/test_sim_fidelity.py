@@ -46,7 +46,8 @@ def test_two_hosts_allreduce_real_and_simulated(tmp_path: Path) -> None:
     assert row["real_ranks"] == row["simulated_ranks"] == 2  # both hosts logged their steps
     assert row["real_s_per_step"] > 0 and row["simulated_s_per_step"] > 0
     assert row["real_bytes_per_step"] == row["simulated_bytes_per_step"] > 0
-    assert row["tcp_congestion_control"] in stdout  # the hosts' TCP, in the figures
+    assert row["tcp_congestion_control"] == "reno"  # by default (--tcp)
+    assert "TCP reno" in stdout  # the hosts' TCP, in the figures
     assert "allreduce" in stdout
 
 

@@ -155,11 +155,11 @@ def run_cell(spec: Path, out: Path) -> int:
     per_node = config["network"]["workers_per_node"]
     mtu = config["network"]["mtu"] or 1500  # 0 (payload only) is the simulator's
     args = [str(spec), "--overwrite", "--set", f"run.out={out}"]
-    print(f"{len(rates)} emulated hosts of {per_node} worker(s), links "
-          f"{', '.join(f'{r / 1e6:g} Mbit/s' for r in sorted(set(rates)))} each way",
-          flush=True)
     with EmulatedHosts(len(rates), [f"{r}bit" for r in rates], burst(max(rates)),
                        mtu=mtu, prefix=prefix) as hosts, tempfile.TemporaryDirectory() as tmp:
+        print(f"{len(rates)} emulated hosts of {per_node} worker(s), links "
+              f"{', '.join(f'{r / 1e6:g} Mbit/s' for r in sorted(set(rates)))} each way, "
+              f"TCP {hosts.congestion_control()}", flush=True)
         codes = run_nodes(hosts, per_node, args, Path(tmp))
         for i, code in enumerate(codes):
             text = (Path(tmp) / f"node{i}.log").read_text()

@@ -111,14 +111,24 @@ class EmulatedHosts:
     """`n` hosts 10.239.0.1..n on one bridge; every link `rate` (tc syntax, e.g. 20mbit;
     or a list, one per host) each way, token bucket `burst` bytes, queue `limit` bytes
     (large: no drops), `mtu`; `sysctls` ("net.ipv4.tcp_slow_start_after_idle=0", ...) set
-    in every host."""
+    in every host, after `tcp`, the hosts' TCP congestion control (None: what a namespace
+    takes from this machine).
+
+    Reno by default: like the simulator's links, it sends as fast as the ACKs come back and
+    takes at once what another flow leaves free. BBR (which paces at the rate it measured)
+    and cubic's HyStart (which leaves slow start as the round trip grows) take these links'
+    queueing delay, on a path of tens of microseconds, for congestion, and leave the links
+    idle part of the time: gossip up to 30% slower (docs/multihost.md). Linux's default,
+    cubic, is not allowed in a namespace unless net.ipv4.tcp_allowed_congestion_control
+    names it, a setting of the whole machine."""
 
     def __init__(self, n: int, rate: str | list[str], burst: str = "16kb",
                  limit: str = "8mb", mtu: int = 1500, prefix: str | None = None,
-                 sysctls: tuple[str, ...] = ()):
+                 sysctls: tuple[str, ...] = (), tcp: str | None = "reno"):
         self.n, self.burst, self.limit, self.mtu = n, burst, limit, mtu
         self.rates = [rate] * n if isinstance(rate, str) else list(rate)
-        self.sysctls = sysctls
+        self.sysctls = (() if tcp is None else (f"net.ipv4.tcp_congestion_control={tcp}",)
+                        ) + tuple(sysctls)
         self.prefix = prefix or f"fsgd{os.getpid()}"
         self.made: list[str] = []  # namespaces, in creation order
 
@@ -202,8 +212,7 @@ class EmulatedHosts:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def congestion_control(self) -> str:
-        """The hosts' TCP congestion control (a namespace takes the machine's when made; it
-        moves real gossip's time by about 10%, docs/multihost.md)."""
+        """The hosts' TCP congestion control (see the class's docstring)."""
         return subprocess.run([*self.exec_prefix(0), "sysctl", "-n",
                                "net.ipv4.tcp_congestion_control"], capture_output=True,
                               text=True, timeout=30).stdout.strip() or "unknown"
