@@ -118,7 +118,7 @@ def _watch_rss(limit_mb: float) -> None:
 
 
 def measure(model: str, strategy: str, workers: int, steps: int, log_every: int = 1,
-            threads: int = 1) -> dict[str, Any]:
+            threads: int = 1, settings: dict[str, str] | None = None) -> dict[str, Any]:
     """One configuration, in this process: bare step, then the simulated run."""
     if threads:
         torch.set_num_threads(threads)
@@ -129,7 +129,8 @@ def measure(model: str, strategy: str, workers: int, steps: int, log_every: int 
         options = {"run.steps": steps, "run.eval_every": 0, "run.out": out,
                    "run.log_every": log_every, "run.target_accuracy": 0,
                    "data.batch_size": BATCH, "optimizer.lr": LR,
-                   "optimizer.momentum": MOMENTUM, **STRATEGY_OPTIONS.get(strategy, {})}
+                   "optimizer.momentum": MOMENTUM, **STRATEGY_OPTIONS.get(strategy, {}),
+                   **(settings or {})}
         job = fs.Job(model=model, data=data, strategy=strategy, options=options, quiet=True)
         wall, cpu = time.perf_counter(), _cpu()
         summary = job.simulate(workers=workers).summary or {}
@@ -148,7 +149,8 @@ def measure(model: str, strategy: str, workers: int, steps: int, log_every: int 
             "train_ratio": summary.get("wall_time", 0) / worker_steps * 1e3 / bare_wall,
             "peak_rss_mb": peak_mb, "base_rss_mb": base_mb,
             "mb_per_worker": (peak_mb - base_mb) / workers,
-            "threads": torch.get_num_threads(), "accuracy": summary.get("final_accuracy")}
+            "threads": torch.get_num_threads(), "accuracy": summary.get("final_accuracy"),
+            "settings": settings or {}}
 
 
 def run_child(model: str, strategy: str, workers: int, steps: int,
@@ -156,7 +158,7 @@ def run_child(model: str, strategy: str, workers: int, steps: int,
     """`measure` in a fresh interpreter: its peak RSS is this configuration's alone."""
     cmd = [sys.executable, __file__, "--one", model, strategy, str(workers), str(steps),
            "--log-every", str(args.log_every), "--threads", str(args.threads),
-           "--max-rss-gb", str(args.max_rss_gb)]
+           "--max-rss-gb", str(args.max_rss_gb), *(f"--set={kv}" for kv in args.set)]
     env = {**os.environ, "LD_PRELOAD": args.malloc} if args.malloc else None
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -197,6 +199,8 @@ def main() -> None:
     p.add_argument("--malloc", metavar="LIB",
                    help="preload this allocator in the runs (LD_PRELOAD), e.g. "
                    "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 (Debian's libjemalloc2)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a fastsgd key for every run (repeatable), e.g. network.bandwidth=100Gbit")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--one", nargs=4, metavar=("MODEL", "STRATEGY", "WORKERS", "STEPS"),
                    help=argparse.SUPPRESS)  # the child: one configuration, a JSON line
@@ -204,9 +208,12 @@ def main() -> None:
     if args.one:
         model, strategy, workers, steps = args.one
         _watch_rss(args.max_rss_gb * 1024)
+        settings = dict(kv.split("=", 1) for kv in args.set)
         print(json.dumps(measure(model, strategy, int(workers), int(steps), args.log_every,
-                                 args.threads)))
+                                 args.threads, settings)))
         return
+    if any("=" not in kv for kv in args.set):
+        sys.exit(f"--set {next(kv for kv in args.set if '=' not in kv)}: expected KEY=VALUE")
     if args.malloc and not os.path.exists(args.malloc):
         sys.exit(f"--malloc {args.malloc}: no such file")
     print(HEADER, flush=True)
