@@ -1,6 +1,6 @@
 """benchmarks/sim_fidelity.py: a 2-host run completes on both hosts and in the simulator,
 leaves nothing in the network stack (also when interrupted), and refuses where it cannot
-make namespaces."""
+make namespaces; benchmarks/tcp_exchange.py, its plain-socket counterpart, likewise."""
 
 from __future__ import annotations
 
@@ -104,3 +104,29 @@ def test_a_setting_the_hosts_refuse_is_one_line_and_leaves_nothing(
     assert err.startswith(f"sim_fidelity: cannot set {setting} in an emulated host: ")
     assert err.count("\n") == 1
     assert not netns.leftovers(f"fsgd{os.getpid()}")
+
+
+TCP_EXCHANGE = BENCHMARKS / "tcp_exchange.py"
+
+
+@pytest.mark.multiproc
+@needs_namespaces
+def test_plain_socket_exchange_on_two_hosts_reports_both_ways() -> None:
+    proc = subprocess.Popen([sys.executable, str(TCP_EXCHANGE), "--hosts", "2", "--rounds", "5",
+                             "--bytes", "20000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert netns.leftovers(f"fsgd{proc.pid}") == []
+    assert "TCP reno" in stdout
+    for way in ("together", "in-turn"):
+        [line] = [line for line in stdout.splitlines() if line.startswith(way)]
+        assert float(line.split(":")[1].split()[0]) > 0
+
+
+def test_plain_socket_exchange_refuses_without_ip_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(tmp_path)}  # no ip, no tc
+    proc = subprocess.run([sys.executable, str(TCP_EXCHANGE)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("tcp_exchange: ")
