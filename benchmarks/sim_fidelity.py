@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fastsgd.bench.hosts import run_nodes
-from fastsgd.bench.netns import EmulatedHosts, Refused, check_can_emulate, exit_on_signals
+from fastsgd.bench.netns import EmulatedHosts, Refused, prepare_script
 from fastsgd.rundir import cpu_name
 
 GOAL = 0.15
@@ -225,12 +225,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     children = Children()
-    try:
-        check_can_emulate(f"fsgd{os.getpid()}")
-    except Refused as e:
-        print(f"sim_fidelity: {e}", file=sys.stderr)
+    if not prepare_script("sim_fidelity"):
         return 2
-    exit_on_signals("sim_fidelity")
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(args.runs or tmp)
         try:

@@ -18,7 +18,6 @@ figures (2026-12-01).
 from __future__ import annotations
 
 import argparse
-import os
 import selectors
 import socket
 import subprocess
@@ -26,7 +25,7 @@ import sys
 import threading
 import time
 
-from fastsgd.bench.netns import EmulatedHosts, Refused, check_can_emulate, exit_on_signals
+from fastsgd.bench.netns import EmulatedHosts, prepare_script
 
 PORT = 6100  # each namespace has its own ports
 SKIP = 3  # rounds left out of the mean: the connections' slow start
@@ -137,12 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.hosts < 2 or args.rounds <= SKIP or not args.bandwidth.lower().endswith("mbit"):
         p.error(f"need --hosts >= 2, --rounds > {SKIP} and --bandwidth in mbit")
-    try:
-        check_can_emulate(f"fsgd{os.getpid()}")
-    except Refused as e:
-        print(f"tcp_exchange: {e}", file=sys.stderr)
+    if not prepare_script("tcp_exchange"):
         return 2
-    exit_on_signals("tcp_exchange")
     return run(args)
 
 

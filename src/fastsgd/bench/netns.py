@@ -70,6 +70,19 @@ def check_can_emulate(prefix: str) -> None:
     subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=30)
 
 
+def prepare_script(who: str) -> bool:
+    """For a script that makes emulated hosts: False, once it has printed why in one line
+    (`who: ...`), where this machine cannot; else True, with SIGINT, SIGTERM and SIGHUP
+    made to exit through the clean-up (exit_on_signals)."""
+    try:
+        check_can_emulate(f"fsgd{os.getpid()}")
+    except Refused as e:
+        print(f"{who}: {e}", file=sys.stderr)
+        return False
+    exit_on_signals(who)
+    return True
+
+
 def leftovers(prefix: str) -> list[str]:
     """Namespaces and root-namespace links whose name starts with `prefix`."""
     found = []
