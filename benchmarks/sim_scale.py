@@ -17,6 +17,12 @@ default). Wall and CPU seconds per worker-step are the simulation's (dataset loa
 excluded; setup and the final evaluation included) over workers x steps; the CPU column,
 unlike wall time, does not count time other processes on a shared machine took.
 
+After the simulation (its peak RSS taken) it times the loop: the same plain step going
+round one model per worker, each with its own optimizer and shard, as the simulator steps
+its workers. That is the compute alone of N replicas that no longer fit in the cache, the
+floor of anything that steps each replica: `loop ms`, and `/loop`, the simulation's time
+per worker-step over it, which is the simulator's own overhead apart from the machine's.
+
 Both run on one intra-op thread by default (`--threads`): the simulator runs one worker at
 a time anyway, and on a 2-core machine shared with other jobs a second OpenMP thread that
 gets descheduled stalls every op (the bare MLP step took 15 ms instead of 1.2 ms).
@@ -80,24 +86,31 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bare_step_ms(model_name: str, data: Dataset, steps: int = 100,
+def bare_step_ms(model_name: str, data: Dataset, replicas: int = 1, steps: int = 100,
                  repeats: int = 5) -> tuple[float, float]:
     """Wall and CPU milliseconds of one plain forward+backward+SGD step: the fastest of
-    `repeats` rounds (other processes on a shared machine only ever slow a round down)."""
+    `repeats` rounds (other processes on a shared machine only ever slow a round down).
+    With `replicas`, the steps go round that many models, each with its own optimizer and
+    shard, as the simulator steps its workers: the compute alone, without the simulation,
+    of replicas that no longer all fit in the cache."""
     torch.manual_seed(0)
-    model = build_model(model_name, data.input_shape, data.num_classes)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    shard = Shard(data.train_x, data.train_y, BATCH, 0, 1, seed=0)
+    models = [build_model(model_name, data.input_shape, data.num_classes)
+              for _ in range(replicas)]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM) for m in models]
+    shards = [Shard(data.train_x, data.train_y, BATCH, r, replicas, seed=0)
+              for r in range(replicas)]
+    steps = -(-steps // replicas) * replicas  # whole rounds over the replicas
     k = 0
     walls, cpus = [], []
     for rep in range(repeats + 1):  # the first round warms up
         wall, cpu = time.perf_counter(), _cpu()
         for _ in range(steps):
-            x, y = shard.batch(k)
+            r = k % replicas
+            x, y = shards[r].batch(k // replicas)
             k += 1
-            optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
+            optimizers[r].zero_grad()
+            F.cross_entropy(models[r](x), y).backward()
+            optimizers[r].step()
         if rep:
             walls.append((time.perf_counter() - wall) / steps * 1e3)
             cpus.append((_cpu() - cpu) / steps * 1e3)
@@ -139,11 +152,15 @@ def measure(model: str, strategy: str, workers: int, steps: int, log_every: int 
     peak_mb = _status_mb("VmHWM")
     after_wall, after_cpu = bare_step_ms(model, data)  # again: the machine may have changed
     bare_wall, bare_cpu = min(bare_wall, after_wall), min(bare_cpu, after_cpu)
+    del job
+    loop_wall, _ = bare_step_ms(model, data, replicas=workers, repeats=3)  # after the peak
     return {"model": model, "strategy": strategy, "workers": workers, "steps": steps,
             "wall_s": wall, "ms_per_worker_step": wall / worker_steps * 1e3,
             "cpu_ms_per_worker_step": cpu / worker_steps * 1e3,
             "bare_ms": bare_wall, "bare_cpu_ms": bare_cpu,
             "ratio": wall / worker_steps * 1e3 / bare_wall,
+            "loop_ms": loop_wall, "loop_ratio": loop_wall / bare_wall,
+            "over_loop": wall / worker_steps * 1e3 / loop_wall,
             # the training loop alone (rank 0's, after setup, before the final evaluation)
             "train_ms_per_worker_step": summary.get("wall_time", 0) / worker_steps * 1e3,
             "train_ratio": summary.get("wall_time", 0) / worker_steps * 1e3 / bare_wall,
@@ -169,7 +186,8 @@ def run_child(model: str, strategy: str, workers: int, steps: int,
 
 
 HEADER = (f"{'model':6} {'strategy':10} {'workers':>7} {'steps':>5} {'wall s':>8} "
-          f"{'ms/ws':>7} {'bare ms':>7} {'ratio':>6} {'cpu ms/ws':>9} {'bare cpu':>8} "
+          f"{'ms/ws':>7} {'bare ms':>7} {'ratio':>6} {'loop ms':>7} {'/loop':>5} {'cpu ms/ws':>9} "
+          f"{'bare cpu':>8} "
           f"{'train ratio':>11} {'peak GB':>7} {'MB/worker':>9} {'acc':>6}")
 
 
@@ -179,7 +197,8 @@ def row(r: dict[str, Any]) -> str:
         return f"{head} failed (exit {r['returncode']}): {r['error']}"
     acc = f"{r['accuracy']:.3f}" if r["accuracy"] is not None else "-"
     return (f"{head} {r['wall_s']:8.1f} {r['ms_per_worker_step']:7.3f} {r['bare_ms']:7.3f} "
-            f"{r['ratio']:6.2f} {r['cpu_ms_per_worker_step']:9.3f} {r['bare_cpu_ms']:8.3f} "
+            f"{r['ratio']:6.2f} {r.get('loop_ms', 0):7.3f} {r.get('over_loop', 0):5.2f} "
+            f"{r['cpu_ms_per_worker_step']:9.3f} {r['bare_cpu_ms']:8.3f} "
             f"{r.get('train_ratio', 0):11.2f} {r['peak_rss_mb'] / 1024:7.2f} "
             f"{r['mb_per_worker']:9.2f} {acc:>6}")
 
