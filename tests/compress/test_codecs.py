@@ -169,6 +169,37 @@ def test_payloads_cross_the_wire_as_bytes(name):
     assert torch.equal(codec.decode(back, x), codec.decode(payload, x))
 
 
+def test_a_field_of_several_tensors_packs_as_their_concatenation():
+    """sgp packs a model's parameters straight into the push: the same bytes as packing
+    their flat copy."""
+    parts = [torch.randn(3, 4), torch.randn(5), torch.randn(2, 2)]
+    weight = torch.tensor([0.5], dtype=torch.float64)
+    flat = torch.cat([p.reshape(-1) for p in parts])
+    assert torch.equal(pack({"values": parts, "weight": weight}),
+                       pack({"values": flat, "weight": weight}))
+    with pytest.raises(ValueError, match="mixes dtypes"):
+        pack({"values": [torch.zeros(2), torch.zeros(2, dtype=torch.float64)]})
+
+
+@pytest.mark.parametrize("values", [4, 5])  # weight's float64 aligned after 4 floats, not 5
+def test_unpack_without_copy_views_the_aligned_fields_and_copies_the_rest(values):
+    payload = {"values": torch.randn(values), "weight": torch.tensor([0.25], dtype=torch.float64),
+               "number": torch.tensor([1, 2, 3])}
+    buffer = pack(payload)
+    viewed = unpack(buffer, list(payload), copy=False)
+    copied = unpack(buffer, list(payload))
+    for key in payload:
+        assert torch.equal(viewed[key], payload[key]) and torch.equal(copied[key], payload[key])
+        assert not _shares(copied[key], buffer)
+    assert _shares(viewed["values"], buffer)  # 56 bytes of header: float32 aligned
+    assert _shares(viewed["weight"], buffer) == (values % 2 == 0)
+    assert _shares(viewed["number"], buffer) == (values % 2 == 0)
+
+
+def _shares(t: torch.Tensor, buffer: torch.Tensor) -> bool:
+    return t.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+
+
 def test_a_malformed_payload_names_its_sender():
     codec = build_compressor({"name": "topk"})
     buffer = pack(codec.compress(gradient()))

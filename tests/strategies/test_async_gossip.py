@@ -145,11 +145,11 @@ def test_push_numbers_start_again_for_a_new_process_at_either_end():
     state = {"pushed": {}}
     z, share = torch.zeros(3), torch.ones(1, dtype=torch.float64)
     for step in (8, 9, 10, 11):
-        sgp._push(t, 2, z, share, state, step)
+        sgp._push(t, 2, [z], None, share, state, step)
     numbers = [unpack(b, sgp._fields)["number"].tolist() for b in t.posted]
     assert numbers == [[0, 0, 8], [0, 1, 9], [0, 0, 10], [0, 1, 11]]
     sgp.joined(10, [])  # this process took a lost one's place at step 10
-    sgp._push(t, 1, z, share, state, 12)
+    sgp._push(t, 1, [z], None, share, state, 12)
     assert unpack(t.posted[-1], sgp._fields)["number"].tolist() == [10, 0, 12]
     held = {}
     state = {"held": held, "taken": {(1, 0): 5}}

@@ -7,6 +7,8 @@ unpickled: a buffer that does not parse is an error naming its sender.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 
 from fastsgd.compress.base import Payload
@@ -17,20 +19,28 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.int32
 _WORD = 8
 
 
-def pack(payload: Payload) -> torch.Tensor:
-    """One uint8 buffer holding every tensor of `payload`, in its order."""
-    parts = [t.detach().reshape(-1).contiguous() for t in payload.values()]
-    device = parts[0].device if parts else torch.device("cpu")
+def pack(payload: Mapping[str, torch.Tensor | Sequence[torch.Tensor]]) -> torch.Tensor:
+    """One uint8 buffer holding every tensor of `payload`, in its order. A field may be a
+    list of tensors of one dtype, packed as their concatenation: a model's parameters go
+    straight into the buffer, with no flat copy of them first."""
+    fields = [[t] if isinstance(t, torch.Tensor) else list(t) for t in payload.values()]
+    parts = [[t.detach().reshape(-1).contiguous() for t in field] for field in fields]
+    device = parts[0][0].device if parts else torch.device("cpu")
     words = [len(parts)]
-    for t in parts:
-        words += [DTYPES.index(t.dtype), t.numel()]
+    for field in parts:
+        if len({t.dtype for t in field}) != 1:
+            raise ValueError(f"a packed field mixes dtypes: {[t.dtype for t in field]}")
+        words += [DTYPES.index(field[0].dtype), sum(t.numel() for t in field)]
     header = torch.tensor(words, dtype=torch.int64, device=device).view(torch.uint8)
-    return torch.cat([header, *(t.to(device).view(torch.uint8) for t in parts)])
+    return torch.cat([header, *(t.to(device).view(torch.uint8) for f in parts for t in f)])
 
 
-def unpack(buffer: torch.Tensor, keys: list[str], sender: int | str = "?") -> Payload:
+def unpack(buffer: torch.Tensor, keys: list[str], sender: int | str = "?",
+           copy: bool = True) -> Payload:
     """The payload `pack` made, its tensors named by `keys` (the codec's field order), on the
-    buffer's device."""
+    buffer's device. `copy=False`: each field whose offset suits its dtype is a view of
+    `buffer` (no copy), for a receiver that only reads it and leaves the buffer alone; the
+    simulator hands the sender's own buffer over."""
     try:
         count = int(buffer[:_WORD].clone().view(torch.int64))
         words = buffer[_WORD:_WORD * (1 + 2 * count)].clone().view(torch.int64).tolist()
@@ -39,9 +49,11 @@ def unpack(buffer: torch.Tensor, keys: list[str], sender: int | str = "?") -> Pa
         out, offset = {}, _WORD * (1 + 2 * count)
         for key, code, numel in zip(keys, words[::2], words[1::2]):
             dtype = DTYPES[code]
-            size = numel * torch.empty(0, dtype=dtype).element_size()
-            out[key] = buffer[offset:offset + size].clone().view(dtype)  # clone: aligned
-            offset += size
+            item = torch.empty(0, dtype=dtype).element_size()
+            field = buffer[offset:offset + numel * item]
+            aligned = (buffer.storage_offset() + offset) % item == 0  # else a view is refused
+            out[key] = (field if aligned and not copy else field.clone()).view(dtype)
+            offset += numel * item
         if offset != buffer.numel():
             raise ValueError(f"{buffer.numel() - offset} bytes left over")
         return out

@@ -112,12 +112,13 @@ class SGP(_OnGraph):
                 take_start(t, state, "received", edge)
         ctx.stats["staleness"] = max([ctx.step - int(p["number"][2]) for _, p in ready],
                                      default=0)
-        z = self._mixed(flatten(params), peers, share, ready, state)
+        z = self._mixed(params, peers, share, ready, state)
         del ready
         if ctx.last_step and self.average_at_end:
             # the plain mean of the de-biased models, as run.representative = "average"
             # evaluates: weighting by w (sum x / sum w) let a straggler's skewed weight pull
             # the result off (sgp on a ring with a 3x straggler: 0.29 accuracy against 0.7)
+            z = z.to(params[0].dtype)
             t.all_reduce(z)
             z /= len(t.members())
             state["weight"] = torch.ones_like(state["weight"])
@@ -127,24 +128,27 @@ class SGP(_OnGraph):
                      ctx: Context) -> tuple[list[int], torch.Tensor]:
         """Push a share of (x, w) to each out-neighbour; the peers and the share."""
         assert self.topology is not None
-        t, z = ctx.transport, flatten(params)
+        t = ctx.transport
+        z = None if self._codec.kind == "exact" else flatten(params)  # exact: packed as they are
         gone = t.absent(ctx.step) | set(t.departed())  # no share for a lost peer: it stays
         peers = [p for p in self.topology.out_neighbors(t.rank, ctx.step) if p not in gone]
         share = state["weight"] * (self._step / (len(peers) + 1))
         for peer in peers:
-            self._push(t, peer, z, share, state, ctx.step)
+            self._push(t, peer, params, z, share, state, ctx.step)
         return [(p, t.returned_at(p, ctx.step)) for p in peers], share  # a copy per edge
 
-    def _mixed(self, z: torch.Tensor, peers: list[Edge], share: torch.Tensor,
+    def _mixed(self, params: Params, peers: list[Edge], share: torch.Tensor,
                ready: list[tuple[Edge, dict[str, torch.Tensor]]],
                state: dict[str, Any]) -> torch.Tensor:
-        """The de-biased model x / w once the shares sent have left (x and w lose exactly
-        the mass the peers add) and the shares that came are added; w goes into `state`.
-        In float64, with one model-sized temporary: in-place products and sums."""
+        """The de-biased model x / w, in float64, once the shares sent have left (x and w
+        lose exactly the mass the peers add) and the shares that came are added; w goes into
+        `state`. One model-sized temporary (in-place products and sums), and with a lossy
+        codec the flat model its decode is shaped like."""
         exact, w = self._codec.kind == "exact", state["weight"].clone()
         for _ in peers:
             w -= share
-        x = z.double().mul_(w if exact else state["weight"])  # exact: each peer got z
+        x = flatten(params, torch.float64).mul_(w if exact else state["weight"])
+        z = x if exact else flatten(params)  # exact: each peer got z; decode takes its shape
         for edge in [] if exact else peers:
             x.sub_(state["sent"][edge], alpha=float(share))
         for edge, payload in ready:
@@ -156,7 +160,7 @@ class SGP(_OnGraph):
             x.add_(share_of, alpha=float(weight))
             w += weight
         state["weight"] = w
-        return x.div_(w).to(z.dtype)
+        return x.div_(w)
 
     def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         """Before a checkpoint: take in every push sent to this worker so far; they wait in
@@ -186,9 +190,10 @@ class SGP(_OnGraph):
         to it from then on."""
         self._since, self._received, self._seen, self._floor = step, 0, {}, step
 
-    def _push(self, t, peer: int, z: torch.Tensor, share: torch.Tensor,
+    def _push(self, t, peer: int, params: Params, z: torch.Tensor | None, share: torch.Tensor,
               state: dict[str, Any], step: int) -> None:
-        """Send `peer` a share of weight and the compressed change of z since the edge's copy
+        """Send `peer` a share of weight and the compressed change of z (the flat model; None
+        with the exact codec, which sends the parameters themselves) since the edge's copy
         (Taheri et al. 2020 track such copies for quantized push-sum), and move the copy on as
         the peer will: the peer takes it for z."""
         # numbered per edge and per process at each end: a new process that took a lost
@@ -197,13 +202,16 @@ class SGP(_OnGraph):
         number = state["pushed"].get(edge, 0)
         state["pushed"][edge] = number + 1
         number = [self._since, number, step]
-        exact = self._codec.kind == "exact"  # then z itself: no copies to keep
-        if not exact and edge not in state["sent"] and opens_late(self._since, edge):
-            send_start(t, state, "sent", edge, z)
-        copy = None if exact else edge_copy(state, "sent", edge)
-        change = z if copy is None else (z.double() - copy).to(z.dtype)
-        buffer = pack({**self._codec.compress(change), "weight": share,
-                       "number": torch.tensor(number, device=z.device)})
+        copy = None
+        if z is None:  # exact: the model itself, no copies to keep
+            fields: dict[str, Any] = {"values": params}
+        else:
+            if edge not in state["sent"] and opens_late(self._since, edge):
+                send_start(t, state, "sent", edge, z)
+            copy = edge_copy(state, "sent", edge)
+            fields = self._codec.compress((z.double() - copy).to(z.dtype))
+        buffer = pack({**fields, "weight": share,
+                       "number": torch.tensor(number, device=share.device)})
         t.post(buffer, peer, PUSH)
         if copy is not None:
             payload = unpack(buffer, self._fields, t.rank)  # as the peer will decode it
@@ -226,8 +234,8 @@ class SGP(_OnGraph):
         """Count pushes and unpack them into `state["held"]`, by (sender, its process, number);
         note the step each sender pushed from."""
         self._received += len(arrived)
-        for src, buffer in arrived:
-            payload = unpack(buffer, self._fields, src)
+        for src, buffer in arrived:  # exact: read in place by _mixed, so no copy
+            payload = unpack(buffer, self._fields, src, copy=self._codec.kind != "exact")
             since, number, step = payload["number"].tolist()
             state["held"][(src, int(since), int(number))] = payload
             self._seen[src] = max(self._seen.get(src, -1), int(step))

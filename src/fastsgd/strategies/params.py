@@ -21,9 +21,13 @@ def buffer_mask(params: list[torch.Tensor]) -> torch.Tensor | None:
                       for p in params])
 
 
-def flatten(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """A new 1-D tensor holding all parameters (a copy, safe to send)."""
-    return parameters_to_vector([p.detach() for p in params])
+def flatten(params: list[torch.nn.Parameter], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new 1-D tensor holding all parameters (a copy, safe to send); in `dtype` if given,
+    converted as it is copied (one pass, not two)."""
+    if dtype is None:
+        return parameters_to_vector([p.detach() for p in params])
+    out = torch.empty(sum(p.numel() for p in params), dtype=dtype, device=params[0].device)
+    return torch.cat([p.detach().reshape(-1) for p in params], out=out)
 
 
 def assign(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
