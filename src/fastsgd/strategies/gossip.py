@@ -128,7 +128,7 @@ class DPSGD(_OnGraph):
             assign(params, choco(flatten(params), state["public"], self.topology, self._gamma,
                                  ctx))
         else:
-            assign(params, mix(flatten(params), self.topology, ctx))
+            mix(params, self.topology, ctx)
 
 
 def choco(local: torch.Tensor, public: dict[int, torch.Tensor], topology: Topology,
@@ -147,12 +147,12 @@ def choco(local: torch.Tensor, public: dict[int, torch.Tensor], topology: Topolo
     return local + gamma * pull
 
 
-def mix(local: torch.Tensor, topology: Topology, ctx: Context) -> torch.Tensor:
-    """One synchronous gossip round: send `local` to the out-neighbours, return the weighted
-    sum over the closed in-neighbourhood. Without the workers known to be lost (the graph
-    closes around them, membership.py); a neighbour found lost during the exchange is
-    replaced, and the exchange completed with its replacement."""
-    t, step = ctx.transport, ctx.step
+def mix(params: Params, topology: Topology, ctx: Context) -> None:
+    """One synchronous gossip round: send the parameters to the out-neighbours, replace them
+    by the weighted sum over the closed in-neighbourhood. Without the workers known to be
+    lost (the graph closes around them, membership.py); a neighbour found lost during the
+    exchange is replaced, and the exchange completed with its replacement."""
+    t, step, local = ctx.transport, ctx.step, flatten(params)
     sent: set[int] = set()
     received: dict[int, torch.Tensor] = {}
     while True:
@@ -170,14 +170,21 @@ def mix(local: torch.Tensor, topology: Topology, ctx: Context) -> torch.Tensor:
         finally:
             sent.update(outs)
         break
-    # summed in the order of `weights` into a new vector: the terms are not to be changed
-    # (the simulator shares `local` with its receivers), and no zero-filled vector
-    mixed: torch.Tensor | None = None
-    for peer, weight in weights:
-        term = local if peer == t.rank else received[peer]
-        mixed = term.mul(weight) if mixed is None else mixed.add_(term, alpha=weight)
-    assert mixed is not None
-    return mixed
+    # summed in the order of `weights` straight into the parameters, tensor by tensor: the
+    # terms are not to be changed (the simulator shares `local`, the flat copy sent, with
+    # its receivers), and no model-sized vector to copy back
+    terms = [(local if peer == t.rank else received[peer], weight) for peer, weight in weights]
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            out, size = p.detach().view(-1), p.numel()
+            for i, (term, weight) in enumerate(terms):
+                part = term[offset:offset + size]
+                if i == 0:
+                    torch.mul(part, weight, out=out)
+                else:
+                    out.add_(part, alpha=weight)
+            offset += size
 
 
 def auto_gamma(codec: Compressor, like: torch.Tensor) -> float:
