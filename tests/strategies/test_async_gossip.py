@@ -171,6 +171,24 @@ def test_max_lag_bounds_how_far_behind_a_mixed_push_is(max_lag, synthetic, tmp_p
     assert lag <= 3 if max_lag else lag > 20
 
 
+def test_max_in_flight_keeps_pushes_fresh_on_a_slow_uplink(synthetic, tmp_path):
+    """At 200 Mbit/s a push takes longer than a step. Unbounded (0), each worker queues its
+    pushes until max_lag (16) makes the receivers wait: what is mixed is 16 steps old. With
+    max_in_flight = 1 a worker pushes once its last push has left, so what is mixed is at
+    most 2 steps old, in the same time (the uplink's pace either way), and it trains."""
+    runs = {}
+    for bound in (0, 1):
+        result = sim_job(synthetic, tmp_path / str(bound), {"name": "sgp", "max_in_flight":
+                                                            bound}, steps=60,
+                         **{"network.bandwidth": "200Mbit"}).simulate(4)
+        rows = result.metrics()
+        runs[bound] = (max(m["staleness"] for m in rows), max(m["time"] for m in rows),
+                       result.summary["final_accuracy"])
+    assert runs[0][0] == 16 and runs[1][0] <= 2
+    assert runs[1][1] == pytest.approx(runs[0][1], rel=0.02)
+    assert runs[1][2] > runs[0][2] + 0.1
+
+
 @pytest.mark.parametrize("max_lag", [0, 3])
 def test_adpsgd_max_lag_bounds_how_far_ahead_of_a_slow_worker_the_others_run(
         max_lag, synthetic, tmp_path):

@@ -15,10 +15,11 @@ NET = Network.parse("100Mbit", "1ms", mtu=0)  # payload bytes only: S/B
 def exchange(t):
     """Everyone posts its rank to everyone else; collect what came, with both calls."""
     t.start_messages()
-    for peer in range(t.world_size):
-        if peer != t.rank:
-            t.post(torch.full((10,), float(t.rank)), peer, tag=7)
+    posted = [t.post(torch.full((10,), float(t.rank)), peer, tag=7)
+              for peer in range(t.world_size) if peer != t.rank]
     got = [t.wait_message(7) for _ in range(t.world_size - 1)]
+    for handle in posted:  # written by now, and on real processes the wait says so
+        handle.wait()
     assert t.poll(7) == []  # nothing more is coming
     return sorted((src, float(x.sum())) for src, x in got), t.bytes_sent, t.bytes_received
 
@@ -42,6 +43,58 @@ def test_simulated_messages_arrive_after_latency_plus_size():
 
     arrival = simulate(2, timed, NET, ComputeModel.free())[1]
     assert arrival == pytest.approx(NET.latency + (HEADER_BYTES + 4000) / NET.bandwidth)
+
+
+def test_a_simulated_post_waits_until_it_has_left_the_uplink():
+    """Three messages queue on the sender's uplink: waiting for the last one takes the
+    sender to when its last byte has left (three frames at the uplink's rate), without the
+    latency; waiting again, or for an earlier one, takes no time."""
+    frame = HEADER_BYTES + 4000
+
+    def worker(t):
+        if t.rank == 1:
+            for _ in range(3):
+                t.wait_message(1)
+            return None
+        posted = [t.post(torch.zeros(1000), 1, tag=1) for _ in range(3)]
+        posted[2].wait()
+        left = t.now()
+        posted[0].wait()
+        posted[2].wait()
+        return left, t.now(), t.post(torch.zeros(1), 0, tag=2).wait()
+
+    left, after, to_self = simulate(2, worker, NET, ComputeModel.free())[0]
+    assert left == after == pytest.approx(3 * frame / NET.bandwidth)
+    assert to_self is None
+
+
+def test_a_real_post_waits_until_written_or_the_link_ends():
+    """Messenger.send's handle: returns once the sender thread has written the frame, or
+    once the link has ended (nothing more will be written); in-process: at once."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from fastsgd.transport.messages import Posted
+
+    link = SimpleNamespace(written=0, closed=False, progress=threading.Condition())
+    posted = [Posted(torch.zeros(1)) for _ in range(2)]
+    for number, p in enumerate(posted, 1):
+        p.link, p.number = link, number
+    Posted(torch.zeros(1)).wait()  # delivered in-process: nothing to wait for
+
+    def later(**change):
+        time.sleep(0.05)
+        with link.progress:
+            vars(link).update(change)
+            link.progress.notify_all()
+
+    for change, done in (({"written": 1}, posted[0]), ({"closed": True}, posted[1])):
+        waiter = threading.Thread(target=later, kwargs=change)
+        waiter.start()
+        done.wait()
+        assert vars(link) | change == vars(link)
+        waiter.join()
 
 
 def test_poll_returns_only_what_has_arrived():

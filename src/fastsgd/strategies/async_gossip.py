@@ -17,6 +17,11 @@ for the slowest worker (the pairwise kind, adpsgd, is in pairwise.py).
   With an exact codec (`none`) the push carries the parameters themselves and nobody keeps
   copies (each one is a model per edge: 58 MB per simulated MLP worker on the one-peer graph
   of 256 workers).
+A worker whose uplink is slower than its steps would queue a push per step until its
+receivers wait for it (max_lag), a model per step held by the sender; with `max_in_flight`
+(default 1) it pushes only once the pushes of that many steps before have left it, as the
+reference implementation gossips one round at a time (Assran et al. 2019): the same steps
+per second, pushes that are fresher, and one model queued instead of max_lag of them.
 It drains at the last step: every share still on the wire is taken in. Then,
 with `average_at_end` (the default), one all-reduce replaces every replica by the average
 (of the de-biased models, with the weights reset to 1), so the run ends in
@@ -26,6 +31,7 @@ study how far apart they end.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import torch
@@ -46,7 +52,7 @@ from fastsgd.strategies.gossip import (
 )
 from fastsgd.strategies.membership import await_messages
 from fastsgd.strategies.params import assign, flatten
-from fastsgd.transport.base import PeerLost
+from fastsgd.transport.base import Handle, PeerLost
 
 Params = list[torch.nn.Parameter]
 PUSH = 21  # message tag (adpsgd's PAIR is 22)
@@ -65,16 +71,22 @@ class SGP(_OnGraph):
                                     "0: from the codec's compression)"),
         "max_lag": Option(int, MAX_LAG, at_least(0), "at step k, first wait for the "
                           "in-neighbours' pushes of step k - max_lag (0: never wait)"),
+        "max_in_flight": Option(int, 1, at_least(0), "steps whose pushes may still be "
+                                "leaving this worker when it pushes again; it waits for "
+                                "older ones (0: never wait)"),
         **END_OPTIONS}
 
     def __init__(self, topology: str = "onepeer", gamma: float = 0.0, max_lag: int = MAX_LAG,
-                 average_at_end: bool = True, **graph: Any):
+                 max_in_flight: int = 1, average_at_end: bool = True, **graph: Any):
         super().__init__(topology, **graph)
         self.gamma, self.max_lag, self.average_at_end = gamma, max_lag, average_at_end
+        self.max_in_flight = max_in_flight
+        self._in_flight: deque[list[Handle]] = deque()  # per step, its pushes' handles
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         super().init(params, ctx)
         ctx.transport.start_messages()
+        self._in_flight = deque()
         self._received = 0
         self._since = 0  # the first step this process takes part in (a joiner's: later)
         self._seen: dict[int, int] = {}  # per sender: the latest step it pushed from
@@ -128,13 +140,16 @@ class SGP(_OnGraph):
                      ctx: Context) -> tuple[list[int], torch.Tensor]:
         """Push a share of (x, w) to each out-neighbour; the peers and the share."""
         assert self.topology is not None
+        while self.max_in_flight and len(self._in_flight) >= self.max_in_flight:
+            for handle in self._in_flight.popleft():  # as a blocking send on a full socket
+                handle.wait()
         t = ctx.transport
         z = None if self._codec.kind == "exact" else flatten(params)  # exact: packed as they are
         gone = t.absent(ctx.step) | set(t.departed())  # no share for a lost peer: it stays
         peers = [p for p in self.topology.out_neighbors(t.rank, ctx.step) if p not in gone]
         share = state["weight"] * (self._step / (len(peers) + 1))
-        for peer in peers:
-            self._push(t, peer, params, z, share, state, ctx.step)
+        self._in_flight.append([self._push(t, peer, params, z, share, state, ctx.step)
+                                for peer in peers])
         return [(p, t.returned_at(p, ctx.step)) for p in peers], share  # a copy per edge
 
     def _mixed(self, params: Params, peers: list[Edge], share: torch.Tensor,
@@ -191,7 +206,7 @@ class SGP(_OnGraph):
         self._since, self._received, self._seen, self._floor = step, 0, {}, step
 
     def _push(self, t, peer: int, params: Params, z: torch.Tensor | None, share: torch.Tensor,
-              state: dict[str, Any], step: int) -> None:
+              state: dict[str, Any], step: int) -> Handle:
         """Send `peer` a share of weight and the compressed change of z (the flat model; None
         with the exact codec, which sends the parameters themselves) since the edge's copy
         (Taheri et al. 2020 track such copies for quantized push-sum), and move the copy on as
@@ -212,10 +227,11 @@ class SGP(_OnGraph):
             fields = self._codec.compress((z.double() - copy).to(z.dtype))
         buffer = pack({**fields, "weight": share,
                        "number": torch.tensor(number, device=share.device)})
-        t.post(buffer, peer, PUSH)
+        handle = t.post(buffer, peer, PUSH)
         if copy is not None:
             payload = unpack(buffer, self._fields, t.rank)  # as the peer will decode it
             copy.add_(self._codec.decode({k: payload[k] for k in self._codec.FIELDS}, z))
+        return handle
 
     def _in_order(self, state: dict[str, Any]) -> list[tuple[Edge, dict[str, torch.Tensor]]]:
         """The pushes that can be applied now, each edge's in the order they were sent (its

@@ -93,11 +93,13 @@ class Transport(Protocol):
         """Collective: prepare for asynchronous messages (post/poll/wait_message)."""
         ...
 
-    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
+    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> Handle:
         """Send an asynchronous message: it never waits for the receiver. A `droppable` one
         may be lost on a lossy (simulated) network; the others are sent again until they
         arrive, as TCP does. Neither the sender nor the receiver changes `tensor` afterwards:
-        the simulator delivers it as it is."""
+        the simulator delivers it as it is. The handle's `wait()` returns once the message
+        has left this worker (written to its connection; past the simulated uplink), so a
+        sender can bound what it has queued (sgp's max_in_flight)."""
         ...
 
     def poll(self, tag: int) -> list[tuple[int, torch.Tensor]]:

@@ -59,6 +59,11 @@ class _Link:
         self.since = since  # the first step the process at the other end sends for
         self.ended = False  # read to its end: nothing more comes from that process
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        # frames numbered as queued; `written` the last one its sender thread has written
+        # (`Posted.wait`), `closed` once that thread has ended and writes no more
+        self.queued = self.written = 0
+        self.closed = False
+        self.progress = threading.Condition()
         self.header = torch.empty(frames.HEADER_WORDS, dtype=torch.int64)
         # a peer lost before it sent anything left, as far as this process can tell, when
         # either end joined (`own`: this process's join step)
@@ -71,6 +76,25 @@ class _Link:
 
     def expect_payload(self, tag: int, payload: torch.Tensor) -> None:
         self.payload, self.view, self.got = (tag, payload), frames.as_bytes(payload), 0
+
+
+class Posted:
+    """A message queued for a peer (Messenger.send): `payload`, the copy sent, and `wait()`,
+    which returns once the sender thread has written it to the connection, or will not
+    (the link ended: the peer is lost or was replaced)."""
+
+    def __init__(self, payload: torch.Tensor):
+        self.payload = payload
+        self.link: _Link | None = None  # None: delivered in-process or held for a joiner
+        self.number = 0
+
+    def wait(self) -> None:
+        link = self.link
+        if link is None:
+            return
+        with link.progress:
+            while link.written < self.number and not link.closed:
+                link.progress.wait()
 
 
 class Messenger:
@@ -146,20 +170,25 @@ class Messenger:
         self._threads.append(thread)
         thread.start()
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int, step: int = 0) -> torch.Tensor:
-        """Queue `tensor` for `dst`, stamped with the sender's `step`; returns the copy sent
-        (the caller may change `tensor` at once, the sender thread sends it later)."""
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, step: int = 0) -> Posted:
+        """Queue `tensor` for `dst`, stamped with the sender's `step`. The handle holds the
+        copy sent (the caller may change `tensor` at once, the sender thread sends it later)
+        and waits until it is written."""
         payload = tensor.detach().reshape(-1).to("cpu", copy=True).contiguous()
+        posted = Posted(payload)
         if dst == self.rank:
             self._dispatch(tag, dst, payload, step)
-            return payload
-        frame = (frames.header(payload, tag, step), payload)
+            return posted
+        header = frames.header(payload, tag, step)
         with self._links_lock:
             if dst in self._held:  # a new worker joins as dst: it gets it once connected
-                self._held[dst].append(frame)
+                self._held[dst].append((header, payload, 0))
             elif dst not in self.mailbox.lost:  # a lost peer takes nothing more
-                self._links[dst].outbox.put(frame)
-        return payload
+                link = self._links[dst]
+                link.queued += 1
+                posted.link, posted.number = link, link.queued
+                link.outbox.put((header, payload, link.queued))
+        return posted
 
     def expect(self, rank: int, since: int) -> None:
         """A new worker will join as `rank` at step `since` (run.rejoin): from now on what is
@@ -208,16 +237,24 @@ class Messenger:
         is gone takes nothing more (as for a crashed worker in the simulator)."""
         try:
             while (frame := link.outbox.get()) is not None:
-                header, payload = frame
+                header, payload, number = frame
                 link.sock.sendall(frames.as_bytes(header))
                 if payload.numel():
                     link.sock.sendall(frames.as_bytes(payload))
+                if number:
+                    with link.progress:
+                        link.written = number
+                        link.progress.notify_all()
             link.sock.sendall(frames.as_bytes(frames.header(torch.zeros(0), GOODBYE_TAG)))
         except OSError:
             with self._links_lock:
                 lost = self._is_lost(link)
             if lost:
                 self.mailbox.lose(link.peer)
+        finally:
+            with link.progress:  # what is still queued will never be written: stop waiting
+                link.closed = True
+                link.progress.notify_all()
 
     def _is_lost(self, link: _Link) -> bool:
         """(Under _links_lock.) Is `link`'s failure the loss of its rank: it is the rank's

@@ -259,12 +259,12 @@ class TorchTransport:
                                         self._timeout, joining=self._joins_at,
                                         accept=os.environ.get("FASTSGD_REJOIN") == "1")
 
-    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
+    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> Handle:
         """Send an asynchronous message; the receiver takes it with poll or wait_message.
-        Over TCP nothing is lost, `droppable` or not."""
+        Over TCP nothing is lost, `droppable` or not. The handle waits until it is written."""
         if dst != self.rank:  # a message to oneself never leaves the process
             self._count(frame_bytes(tensor), 0)
-        self._require_messages().send(tensor, dst, tag, self._step)
+        return self._require_messages().send(tensor, dst, tag, self._step)
 
     def serve(self, tag: int, handler) -> None:
         """Run `handler(src, payload)` for each message with `tag` as it arrives (on the

@@ -153,12 +153,13 @@ class SimFabric:
             self.scheduler.wake(rank, op.end)
 
     def post(self, src: int, dst: int, tensor: torch.Tensor, tag: int | None = None,
-             droppable: bool = False, copy: bool = True, to: int | None = None) -> None:
+             droppable: bool = False, copy: bool = True, to: int | None = None) -> int | None:
         """Put `tensor` on src's link to dst: to the matching `recv` (tag None) or to dst's
         mailbox or handler for `tag`. A message to oneself arrives at once. `copy` False:
         the tensor itself travels (the sender will not change it, nor will the receivers).
         `to`: the process standing for dst it is meant for, by its join step (default: the
-        one now); it is lost if another stands there when it arrives."""
+        one now); it is lost if another stands there when it arrives. Returns when its last
+        byte leaves src's uplink (ns; None for a message to oneself)."""
         to = self.membership.since[dst] if to is None else to
         sender = (src, self.membership.since[src])
         size = nbytes(tensor) if tag is None else frame_bytes(tensor)
@@ -171,7 +172,7 @@ class SimFabric:
             self.coming[(src, dst, tag)] += 1
         if src == dst:
             self.scheduler.at(now, lambda: self._file(sender, dst, to, tag, payload, now))
-            return
+            return None
         start, sent = self.links.depart(src, dst, size, now)
 
         def land() -> None:  # at `start`: downlinks take messages in the order they come
@@ -181,6 +182,7 @@ class SimFabric:
                                   lambda: self._file(sender, dst, to, tag, payload, arrival))
 
         self.scheduler.at(start, land)
+        return sent
 
     def _file(self, sender: tuple[int, int], dst: int, to: int, tag: int | None,
               payload: torch.Tensor, arrival: int) -> None:

@@ -43,6 +43,21 @@ class SimHandle:
             self._out = None
 
 
+class _Left:
+    """A posted message's handle: `wait()` returns once it is past the sender's uplink (the
+    worker waits as a blocking send would, without computing)."""
+
+    def __init__(self, transport: SimTransport, left: int):
+        self._transport, self._left = transport, left
+
+    def wait(self) -> None:
+        t = self._transport
+        behind = self._left - t.scheduler.now(t.rank)
+        if behind > 0:
+            t.scheduler.charge(t.rank, behind)
+            t.scheduler.yield_(t.rank)
+
+
 class SimTransport:
     """Transport of logical worker `rank` in a simulated cluster (see module docstring)."""
 
@@ -153,12 +168,15 @@ class SimTransport:
     def start_messages(self) -> None:
         """Nothing to start: the simulated network delivers mail by itself."""
 
-    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
-        if self.fabric.handling_at is None:  # handlers run between scheduling points
+    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> Handle:
+        handling = self.fabric.handling_at is not None  # handlers run between scheduling points
+        if not handling:
             self.scheduler.yield_(self.rank)
         if dst != self.rank:
             self._count(frame_bytes(tensor), 0)
-        self.fabric.post(self.rank, dst, tensor, tag, droppable, copy=False, to=self._to(dst))
+        left = self.fabric.post(self.rank, dst, tensor, tag, droppable, copy=False,
+                                to=self._to(dst))
+        return Done() if handling or left is None else _Left(self, left)
 
     def _to(self, dst: int) -> int:
         """The process standing for `dst` that a message is meant for, by its join step: at
