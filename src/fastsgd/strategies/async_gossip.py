@@ -124,17 +124,22 @@ class SGP(_OnGraph):
                 take_start(t, state, "received", edge)
         ctx.stats["staleness"] = max([ctx.step - int(p["number"][2]) for _, p in ready],
                                      default=0)
-        z = self._mixed(params, peers, share, ready, state)
+        z = None  # exact: mixed into the parameters themselves
+        if self._codec.kind == "exact":
+            self._mix_in_place(params, peers, share, ready, state)
+        else:
+            z = self._mixed(params, peers, share, ready, state)
         del ready
         if ctx.last_step and self.average_at_end:
             # the plain mean of the de-biased models, as run.representative = "average"
             # evaluates: weighting by w (sum x / sum w) let a straggler's skewed weight pull
             # the result off (sgp on a ring with a 3x straggler: 0.29 accuracy against 0.7)
-            z = z.to(params[0].dtype)
+            z = flatten(params) if z is None else z.to(params[0].dtype)
             t.all_reduce(z)
             z /= len(t.members())
             state["weight"] = torch.ones_like(state["weight"])
-        assign(params, z)
+        if z is not None:
+            assign(params, z)
 
     def _send_shares(self, params: Params, state: dict[str, Any],
                      ctx: Context) -> tuple[list[int], torch.Tensor]:
@@ -152,26 +157,49 @@ class SGP(_OnGraph):
                                 for peer in peers])
         return [(p, t.returned_at(p, ctx.step)) for p in peers], share  # a copy per edge
 
+    def _mix_in_place(self, params: Params, peers: list[Edge], share: torch.Tensor,
+                      ready: list[tuple[Edge, dict[str, torch.Tensor]]],
+                      state: dict[str, Any]) -> None:
+        """Exact codec: the parameters become the de-biased model x / w, once the shares sent
+        have left and those that came are added, computed as the convex combination it is,
+        (w_kept z + sum_j w_j z_j) / w, in place and in the model's dtype (the weights in
+        float64): no model-sized numerator, no copy back. w goes into `state`."""
+        w = state["weight"].clone()
+        for _ in peers:  # each peer got z and a share of w
+            w -= share
+        kept, came = w.clone(), []
+        for _, payload in ready:  # exact: the sender's parameters, as they were
+            came.append((payload["values"], payload["weight"]))
+            w += payload["weight"]
+        state["weight"] = w
+        if not came:  # x / w is z itself
+            return
+        terms = [(values, float(weight / w)) for values, weight in came]
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                flat, size = p.detach().view(-1), p.numel()
+                flat.mul_(float(kept / w))
+                for values, coefficient in terms:
+                    flat.add_(values[offset:offset + size], alpha=coefficient)
+                offset += size
+
     def _mixed(self, params: Params, peers: list[Edge], share: torch.Tensor,
                ready: list[tuple[Edge, dict[str, torch.Tensor]]],
                state: dict[str, Any]) -> torch.Tensor:
-        """The de-biased model x / w, in float64, once the shares sent have left (x and w
-        lose exactly the mass the peers add) and the shares that came are added; w goes into
-        `state`. One model-sized temporary (in-place products and sums), and with a lossy
-        codec the flat model its decode is shaped like."""
-        exact, w = self._codec.kind == "exact", state["weight"].clone()
-        for _ in peers:
+        """Lossy codecs: the de-biased model x / w, in float64, once the shares sent have left
+        (x loses them as the changes since the edges' copies) and the shares that came are
+        added; w goes into `state`. One float64 temporary (in-place products and sums), and
+        the flat model the codec's decode is shaped like."""
+        z, w = flatten(params), state["weight"].clone()
+        x = flatten(params, torch.float64).mul_(state["weight"])
+        for edge in peers:
             w -= share
-        x = flatten(params, torch.float64).mul_(w if exact else state["weight"])
-        z = x if exact else flatten(params)  # exact: each peer got z; decode takes its shape
-        for edge in [] if exact else peers:
             x.sub_(state["sent"][edge], alpha=float(share))
         for edge, payload in ready:
             weight = payload.pop("weight")
             del payload["number"]
-            share_of = self._codec.decode(payload, z)
-            if not exact:  # a change since the edge's copy
-                share_of = edge_copy(state, "received", edge).add_(share_of)
+            share_of = edge_copy(state, "received", edge).add_(self._codec.decode(payload, z))
             x.add_(share_of, alpha=float(weight))
             w += weight
         state["weight"] = w
@@ -241,20 +269,26 @@ class SGP(_OnGraph):
         for src, since in sorted({(src, since) for src, since, _ in held}):
             number = state["taken"].get((src, since), 0)
             while (src, since, number) in held:
-                ready.append(((src, since), held.pop((src, since, number))))
+                ready.append(((src, since), self._unpacked(held.pop((src, since, number)), src)))
                 number += 1
             state["taken"][(src, since)] = number
         return ready
 
     def _hold(self, arrived: list[tuple[int, torch.Tensor]], state: dict[str, Any]) -> None:
-        """Count pushes and unpack them into `state["held"]`, by (sender, its process, number);
-        note the step each sender pushed from."""
+        """Count pushes and keep them in `state["held"]` as they came (a checkpoint saves
+        them), by (sender, its process, number); note the step each sender pushed from."""
         self._received += len(arrived)
-        for src, buffer in arrived:  # exact: read in place by _mixed, so no copy
-            payload = unpack(buffer, self._fields, src, copy=self._codec.kind != "exact")
-            since, number, step = payload["number"].tolist()
-            state["held"][(src, int(since), int(number))] = payload
+        for src, buffer in arrived:
+            since, number, step = unpack(buffer, self._fields, src, copy=False)["number"].tolist()
+            state["held"][(src, int(since), int(number))] = buffer
             self._seen[src] = max(self._seen.get(src, -1), int(step))
+
+    def _unpacked(self, held: torch.Tensor | dict, src: int) -> dict[str, torch.Tensor]:
+        """A held push's fields; with the exact codec views of its buffer, which the mix only
+        reads (checkpoints of earlier versions held them unpacked already)."""
+        if isinstance(held, dict):
+            return held
+        return unpack(held, self._fields, src, copy=self._codec.kind != "exact")
 
     def _await_lagging(self, t, step: int, state: dict[str, Any]) -> None:
         """Wait until the pushes of step - max_lag from every in-neighbour still there have
