@@ -159,6 +159,25 @@ def test_push_numbers_start_again_for_a_new_process_at_either_end():
     assert sgp._seen == {1: 12}
 
 
+def test_parameters_of_two_dtypes_push_as_one_flat_copy_and_end_averaged():
+    """The exact codec packs the parameters straight into a push, which needs one dtype; a
+    model with a float64 buffer beside float32 weights pushes a flat copy instead."""
+    def worker(t):
+        params = [torch.nn.Parameter(torch.full((3,), float(t.rank))),
+                  torch.nn.Parameter(torch.full((2,), 10.0 * t.rank, dtype=torch.float64))]
+        sgp, ctx = SGP(topology="ring"), Context(t, build_compressor({"name": "none"}),
+                                                  total_steps=5)
+        state = sgp.init(params, ctx)
+        for step in range(5):
+            ctx.step = step
+            sgp.on_parameters(params, state, ctx)
+        return [p.detach().clone() for p in params]
+
+    for weights, buffer in simulate(3, worker, JITTERY, STRAGGLERS):
+        assert torch.allclose(weights, torch.ones(3)) and weights.dtype == torch.float32
+        assert torch.allclose(buffer, torch.full((2,), 10.0, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("max_lag", [0, 3])
 def test_max_lag_bounds_how_far_behind_a_mixed_push_is(max_lag, synthetic, tmp_path):
     """A worker three times slower than the others: unbounded (0), the others run ever

@@ -69,32 +69,38 @@ def test_a_simulated_post_waits_until_it_has_left_the_uplink():
 
 
 def test_a_real_post_waits_until_written_or_the_link_ends():
-    """Messenger.send's handle: returns once the sender thread has written the frame, or
-    once the link has ended (nothing more will be written); in-process: at once."""
+    """Messenger.send's handle: returns once the sender thread has written the frame, once
+    the link has ended (nothing more will be written) or once the peer is known lost; with
+    no link (in-process, held for a joiner) at once; a peer that takes nothing for
+    `timeout` seconds is one line that names it."""
     import threading
     import time
     from types import SimpleNamespace
 
     from fastsgd.transport.messages import Posted
 
-    link = SimpleNamespace(written=0, closed=False, progress=threading.Condition())
-    posted = [Posted(torch.zeros(1)) for _ in range(2)]
-    for number, p in enumerate(posted, 1):
-        p.link, p.number = link, number
-    Posted(torch.zeros(1)).wait()  # delivered in-process: nothing to wait for
+    link = SimpleNamespace(peer=3, written=0, closed=False, progress=threading.Condition())
+    lost = threading.Event()
+    Posted().wait()
 
-    def later(**change):
+    def later(change):
         time.sleep(0.05)
         with link.progress:
-            vars(link).update(change)
+            change()
             link.progress.notify_all()
 
-    for change, done in (({"written": 1}, posted[0]), ({"closed": True}, posted[1])):
-        waiter = threading.Thread(target=later, kwargs=change)
+    for number, change, done in ((1, lambda: setattr(link, "written", 1), lambda: link.written),
+                                 (2, lost.set, lost.is_set),
+                                 (3, lambda: setattr(link, "closed", True), lambda: link.closed)):
+        waiter = threading.Thread(target=later, args=(change,))
         waiter.start()
-        done.wait()
-        assert vars(link) | change == vars(link)
+        Posted(link, number, lost.is_set if number == 2 else lambda: False, timeout=30).wait()
+        assert done()  # it did not return before
         waiter.join()
+    link.closed = False
+    lost.clear()
+    with pytest.raises(TimeoutError, match="worker 3 was not written within 0.2 s"):
+        Posted(link, 4, lost.is_set, timeout=0.2).wait()
 
 
 def test_poll_returns_only_what_has_arrived():

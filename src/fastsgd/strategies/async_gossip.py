@@ -142,7 +142,7 @@ class SGP(_OnGraph):
             assign(params, z)
 
     def _send_shares(self, params: Params, state: dict[str, Any],
-                     ctx: Context) -> tuple[list[int], torch.Tensor]:
+                     ctx: Context) -> tuple[list[Edge], torch.Tensor]:
         """Push a share of (x, w) to each out-neighbour; the peers and the share."""
         assert self.topology is not None
         while self.max_in_flight and len(self._in_flight) >= self.max_in_flight:
@@ -153,8 +153,9 @@ class SGP(_OnGraph):
         gone = t.absent(ctx.step) | set(t.departed())  # no share for a lost peer: it stays
         peers = [p for p in self.topology.out_neighbors(t.rank, ctx.step) if p not in gone]
         share = state["weight"] * (self._step / (len(peers) + 1))
-        self._in_flight.append([self._push(t, peer, params, z, share, state, ctx.step)
-                                for peer in peers])
+        pushed = [self._push(t, peer, params, z, share, state, ctx.step) for peer in peers]
+        if self.max_in_flight:  # else nothing waits for them
+            self._in_flight.append(pushed)
         return [(p, t.returned_at(p, ctx.step)) for p in peers], share  # a copy per edge
 
     def _mix_in_place(self, params: Params, peers: list[Edge], share: torch.Tensor,
@@ -175,11 +176,11 @@ class SGP(_OnGraph):
         if not came:  # x / w is z itself
             return
         terms = [(values, float(weight / w)) for values, weight in came]
-        offset = 0
+        offset, own = 0, float(kept / w)
         with torch.no_grad():
             for p in params:
                 flat, size = p.detach().view(-1), p.numel()
-                flat.mul_(float(kept / w))
+                flat.mul_(own)
                 for values, coefficient in terms:
                     flat.add_(values[offset:offset + size], alpha=coefficient)
                 offset += size
@@ -246,8 +247,9 @@ class SGP(_OnGraph):
         state["pushed"][edge] = number + 1
         number = [self._since, number, step]
         copy = None
-        if z is None:  # exact: the model itself, no copies to keep
-            fields: dict[str, Any] = {"values": params}
+        if z is None:  # exact: the model itself (one flat copy if its dtypes differ)
+            uniform = len({p.dtype for p in params}) == 1
+            fields: dict[str, Any] = {"values": params if uniform else flatten(params)}
         else:
             if edge not in state["sent"] and opens_late(self._since, edge):
                 send_start(t, state, "sent", edge, z)

@@ -51,7 +51,7 @@ class Exchanges:
         # the peer after this one first, as in the simulator: on a ring, each host's first
         # message then goes to a different host, and every downlink is busy from the start
         for dst, tensor in sorted(outgoing, key=lambda o: (o[0] - self.rank) % self.world_size):
-            self.kept[step] = self.messenger.send(tensor, dst, TAG, step).payload
+            self.kept[step], _ = self.messenger.send(tensor, dst, TAG, step)
             self._kill_if_asked(step)
         for old in [s for s in self.kept if s <= step - KEEP]:
             del self.kept[old]

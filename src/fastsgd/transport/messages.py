@@ -79,22 +79,28 @@ class _Link:
 
 
 class Posted:
-    """A message queued for a peer (Messenger.send): `payload`, the copy sent, and `wait()`,
-    which returns once the sender thread has written it to the connection, or will not
-    (the link ended: the peer is lost or was replaced)."""
+    """A message queued for a peer (Messenger.send): `wait()` returns once the sender thread
+    has written it to the connection (frame `number` of `link`), or will not (the link
+    ended, or the peer is lost); TimeoutError after `timeout` s of a connection that takes
+    nothing (a peer that stopped reading). No link: delivered in-process, held for a joiner,
+    or to a lost peer: nothing to wait for."""
 
-    def __init__(self, payload: torch.Tensor):
-        self.payload = payload
-        self.link: _Link | None = None  # None: delivered in-process or held for a joiner
-        self.number = 0
+    def __init__(self, link: _Link | None = None, number: int = 0,
+                 lost: Callable[[], bool] = lambda: False, timeout: float = 300.0):
+        self.link, self.number, self.lost, self.timeout = link, number, lost, timeout
 
     def wait(self) -> None:
         link = self.link
         if link is None:
             return
+        deadline = time.monotonic() + self.timeout
         with link.progress:
-            while link.written < self.number and not link.closed:
-                link.progress.wait()
+            while link.written < self.number and not link.closed and not self.lost():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"a message to worker {link.peer} was not written "
+                                       f"within {self.timeout} s: the peer takes nothing")
+                link.progress.wait(min(left, 1.0))  # and look whether the peer was lost
 
 
 class Messenger:
@@ -110,7 +116,7 @@ class Messenger:
                  on_receive: Callable[[int, torch.Tensor], None],
                  store, key: str, host: str, timeout: float = 300.0,
                  joining: int | None = None, accept: bool = False):
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.timeout = rank, world_size, timeout
         self.joined_at = joining or 0
         self.mailbox = Mailbox()
         self._on_receive = on_receive
@@ -133,7 +139,7 @@ class Messenger:
         self._threads: list[threading.Thread] = []
         self._closing = False
         # per rank a new worker will join as: what was sent to it before it connected
-        self._held: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._held: dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
         self._expected: dict[int, int] = {}  # per rank: the joins announced (expect)
         self._arrived: dict[int, int] = {}  # per rank: the joiners connected (_accept)
         self._joins: dict[int, int] = {}  # per rank: the step its latest joiner joins at
@@ -170,15 +176,15 @@ class Messenger:
         self._threads.append(thread)
         thread.start()
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int, step: int = 0) -> Posted:
-        """Queue `tensor` for `dst`, stamped with the sender's `step`. The handle holds the
-        copy sent (the caller may change `tensor` at once, the sender thread sends it later)
-        and waits until it is written."""
+    def send(self, tensor: torch.Tensor, dst: int, tag: int,
+             step: int = 0) -> tuple[torch.Tensor, Posted]:
+        """Queue `tensor` for `dst`, stamped with the sender's `step`: the copy sent (the
+        caller may change `tensor` at once, the sender thread sends it later) and a handle
+        that waits until it is written."""
         payload = tensor.detach().reshape(-1).to("cpu", copy=True).contiguous()
-        posted = Posted(payload)
         if dst == self.rank:
             self._dispatch(tag, dst, payload, step)
-            return posted
+            return payload, Posted()
         header = frames.header(payload, tag, step)
         with self._links_lock:
             if dst in self._held:  # a new worker joins as dst: it gets it once connected
@@ -186,9 +192,10 @@ class Messenger:
             elif dst not in self.mailbox.lost:  # a lost peer takes nothing more
                 link = self._links[dst]
                 link.queued += 1
-                posted.link, posted.number = link, link.queued
                 link.outbox.put((header, payload, link.queued))
-        return posted
+                return payload, Posted(link, link.queued, lambda: dst in self.mailbox.lost,
+                                       self.timeout)
+        return payload, Posted()
 
     def expect(self, rank: int, since: int) -> None:
         """A new worker will join as `rank` at step `since` (run.rejoin): from now on what is

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from fastsgd.transport.base import PeerLost
+from fastsgd.transport.base import Handle, PeerLost
 
 FIRST_TAG = -1000  # collective k uses tag FIRST_TAG - k: apart from the strategies' tags
 
@@ -27,7 +27,7 @@ class _Messages(Protocol):
 
     def members(self) -> list[int]: ...
 
-    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> None:
+    def post(self, tensor: torch.Tensor, dst: int, tag: int, droppable: bool = False) -> Handle:
         ...
 
     def take_from(self, tag: int, src: int) -> torch.Tensor: ...

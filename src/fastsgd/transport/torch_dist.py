@@ -264,7 +264,7 @@ class TorchTransport:
         Over TCP nothing is lost, `droppable` or not. The handle waits until it is written."""
         if dst != self.rank:  # a message to oneself never leaves the process
             self._count(frame_bytes(tensor), 0)
-        return self._require_messages().send(tensor, dst, tag, self._step)
+        return self._require_messages().send(tensor, dst, tag, self._step)[1]
 
     def serve(self, tag: int, handler) -> None:
         """Run `handler(src, payload)` for each message with `tag` as it arrives (on the
