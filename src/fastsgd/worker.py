@@ -351,11 +351,15 @@ class _Loop:
             self.t.off_clock()
             return
         self.t.barrier()
+        # who records is settled before the evaluation's collectives: were the leader lost
+        # after them, the next one would record the step too (a recovery redoes it if the
+        # lost one had not written it)
+        leader = self.leader
         when, began, wall = self.clock(), self.t.now(), time.perf_counter()
         consensus = self.replica.consensus_distance()
         model = representative(self.plan.config["run"]["representative"], self.model, self.t,
                                self.score)
-        if self.rank == self.leader:
+        if self.rank == leader:
             if self.rank != 0 and self.log.last is None:  # worker 0 was lost: its log
                 self.log.take_over()
             resume.kill_if_asked(self.rank, step, "evaluation")
