@@ -51,7 +51,7 @@ from fastsgd.strategies.gossip import (
     take_start,
 )
 from fastsgd.strategies.membership import await_messages
-from fastsgd.strategies.params import assign, flatten
+from fastsgd.strategies.params import assign, flatten, mix_into
 from fastsgd.transport.base import Handle, PeerLost
 
 Params = list[torch.nn.Parameter]
@@ -175,15 +175,8 @@ class SGP(_OnGraph):
         state["weight"] = w
         if not came:  # x / w is z itself
             return
-        terms = [(values, float(weight / w)) for values, weight in came]
-        offset, own = 0, float(kept / w)
-        with torch.no_grad():
-            for p in params:
-                flat, size = p.detach().view(-1), p.numel()
-                flat.mul_(own)
-                for values, coefficient in terms:
-                    flat.add_(values[offset:offset + size], alpha=coefficient)
-                offset += size
+        mix_into(params, [(None, float(kept / w)),
+                          *((values, float(weight / w)) for values, weight in came)])
 
     def _mixed(self, params: Params, peers: list[Edge], share: torch.Tensor,
                ready: list[tuple[Edge, dict[str, torch.Tensor]]],

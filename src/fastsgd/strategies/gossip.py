@@ -27,7 +27,7 @@ from fastsgd.errors import UserError
 from fastsgd.options import Configurable, Option, at_least, between, one_of
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.membership import gone_at, healed_weights
-from fastsgd.strategies.params import assign, flatten
+from fastsgd.strategies.params import assign, flatten, mix_into
 from fastsgd.topology import TOPOLOGIES, Topology, build_topology
 from fastsgd.transport.base import PeerLost
 
@@ -173,18 +173,8 @@ def mix(params: Params, topology: Topology, ctx: Context) -> None:
     # summed in the order of `weights` straight into the parameters, tensor by tensor: the
     # terms are not to be changed (the simulator shares `local`, the flat copy sent, with
     # its receivers), and no model-sized vector to copy back
-    terms = [(local if peer == t.rank else received[peer], weight) for peer, weight in weights]
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            out, size = p.detach().view(-1), p.numel()
-            for i, (term, weight) in enumerate(terms):
-                part = term[offset:offset + size]
-                if i == 0:
-                    torch.mul(part, weight, out=out)
-                else:
-                    out.add_(part, alpha=weight)
-            offset += size
+    mix_into(params, [(local if peer == t.rank else received[peer], weight)
+                      for peer, weight in weights])
 
 
 def auto_gamma(codec: Compressor, like: torch.Tensor) -> float:

@@ -39,6 +39,24 @@ def assign(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
             offset += p.numel()
 
 
+def mix_into(params: list[torch.nn.Parameter],
+             terms: list[tuple[torch.Tensor | None, float]]) -> None:
+    """Each parameter becomes sum_i c_i * term_i (flat vectors, each read at the parameter's
+    slice; None: the parameters themselves), summed in the order given, tensor by tensor:
+    no model-sized temporary and no copy back (gossip's mixes)."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            out, size = p.detach().view(-1), p.numel()
+            for i, (term, coefficient) in enumerate(terms):
+                part = out if term is None else term[offset:offset + size]
+                if i == 0:
+                    torch.mul(part, coefficient, out=out)
+                else:
+                    out.add_(part, alpha=coefficient)
+            offset += size
+
+
 def average(params: list[torch.nn.Parameter], transport) -> torch.Tensor:
     """The mean of the parameters of every worker still in the run (one all-reduce), as a
     flat vector. A 1 rides along and counts the workers that took part: once workers are
