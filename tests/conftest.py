@@ -12,7 +12,20 @@ import torch  # noqa: E402
 from fastsgd.data import load_dataset  # noqa: E402
 from fastsgd.models import build_model  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+MAX_PARALLEL = 8  # test processes at once (pytest-xdist): many tests start several workers
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject.toml): a test process per core, at most MAX_PARALLEL. Half the
+    suite's time is multi-process tests waiting (for workers to start, a loss to be
+    detected, a deadline), so two at once on two cores took 14 minutes where one took 23."""
+    return max(1, min(MAX_PARALLEL, os.cpu_count() or 1))
+
+
+# intra-op threads: the cores shared among the test processes (two OpenMP threads of one
+# process fighting another process for a core stall every op)
+_PARALLEL = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _PARALLEL)))
 
 # Subprocesses (the CLI, torchrun) import this checkout's fastsgd too.
 _ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +74,9 @@ def _why_no_namespaces() -> str | None:
 WHY_NO_NAMESPACES = _why_no_namespaces()  # None where emulated hosts can be made
 needs_namespaces = pytest.mark.skipif(WHY_NO_NAMESPACES is not None,
                                       reason=f"no emulated hosts here: {WHY_NO_NAMESPACES}")
+# tests that make emulated hosts run one after another, in one test process: they check that
+# no namespace of fastsgd's is left, which another such test running meanwhile would break
+one_host_test_at_a_time = pytest.mark.xdist_group("network-namespaces")
 
 
 def orphans(marker: str) -> list[int]:

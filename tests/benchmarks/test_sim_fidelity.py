@@ -17,7 +17,9 @@ from types import ModuleType
 import pytest
 
 from fastsgd.bench import netns
-from tests.conftest import needs_namespaces, orphans
+from tests.conftest import needs_namespaces, one_host_test_at_a_time, orphans
+
+pytestmark = one_host_test_at_a_time
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 SCRIPT = BENCHMARKS / "sim_fidelity.py"
