@@ -92,7 +92,8 @@ def bare_step_ms(model_name: str, data: Dataset, replicas: int = 1, steps: int =
     `repeats` rounds (other processes on a shared machine only ever slow a round down).
     With `replicas`, the steps go round that many models, each with its own optimizer and
     shard, as the simulator steps its workers: the compute alone, without the simulation,
-    of replicas that no longer all fit in the cache."""
+    of replicas that no longer all fit in the cache. Gradients are freed right after each
+    step, as the simulator frees them: the fastest such loop is the floor."""
     torch.manual_seed(0)
     models = [build_model(model_name, data.input_shape, data.num_classes)
               for _ in range(replicas)]
@@ -111,6 +112,9 @@ def bare_step_ms(model_name: str, data: Dataset, replicas: int = 1, steps: int =
             optimizers[r].zero_grad()
             F.cross_entropy(models[r](x), y).backward()
             optimizers[r].step()
+            optimizers[r].zero_grad()  # freed at once, as the simulator does: the next
+            # replica's backward takes that memory while it is in the cache (N replicas:
+            # 0.1 ms a step less at 256 MLP replicas here than freeing it at the next visit)
         if rep:
             walls.append((time.perf_counter() - wall) / steps * 1e3)
             cpus.append((_cpu() - cpu) / steps * 1e3)

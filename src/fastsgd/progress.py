@@ -15,6 +15,8 @@ class Progress:
         self._next_line = 0.1  # without a terminal, print a line every 10%
 
     def update(self, done: int, loss: float, accuracy: float | None) -> None:
+        if not self.enabled:  # every worker calls it at every step (1024 in a simulation)
+            return
         acc = f" acc {accuracy:.2%}" if accuracy is not None else ""
         self.show(done, f"loss {loss:.4f}{acc}")
 

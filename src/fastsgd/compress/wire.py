@@ -7,6 +7,7 @@ unpickled: a buffer that does not parse is an error naming its sender.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -42,14 +43,14 @@ def unpack(buffer: torch.Tensor, keys: list[str], sender: int | str = "?",
     `buffer` (no copy), for a receiver that only reads it and leaves the buffer alone; the
     simulator hands the sender's own buffer over."""
     try:
-        count = int(buffer[:_WORD].clone().view(torch.int64))
-        words = buffer[_WORD:_WORD * (1 + 2 * count)].clone().view(torch.int64).tolist()
-        if count != len(keys) or len(words) != 2 * count:
+        (count,) = _words(buffer, 0, 1)  # the header read as bytes: two small copies, where
+        if count != len(keys):  # int64 views of it took eight torch calls (twice a gossip step)
             raise ValueError(f"{count} fields, expected {len(keys)}")
+        words = _words(buffer, _WORD, 2 * count)
         out, offset = {}, _WORD * (1 + 2 * count)
         for key, code, numel in zip(keys, words[::2], words[1::2]):
             dtype = DTYPES[code]
-            item = torch.empty(0, dtype=dtype).element_size()
+            item = dtype.itemsize
             field = buffer[offset:offset + numel * item]
             aligned = (buffer.storage_offset() + offset) % item == 0  # else a view is refused
             out[key] = (field if aligned and not copy else field.clone()).view(dtype)
@@ -59,3 +60,11 @@ def unpack(buffer: torch.Tensor, keys: list[str], sender: int | str = "?",
         return out
     except (ValueError, IndexError, RuntimeError) as e:
         raise UserError(f"malformed compressed payload from worker {sender}: {e}") from None
+
+
+def _words(buffer: torch.Tensor, start: int, count: int) -> tuple[int, ...]:
+    """`count` int64 words of `buffer` from byte `start` (native order, as `pack` wrote them)."""
+    raw = bytes(buffer[start:start + _WORD * count].tolist())
+    if len(raw) != _WORD * count:
+        raise ValueError(f"{buffer.numel()} bytes: too short for its header")
+    return struct.unpack(f"={count}q", raw)
