@@ -2,7 +2,7 @@
 against the bare step, and peak memory, at 16 to 1024 logical workers.
 
     python benchmarks/sim_scale.py [--workers 16 256 1024] [--strategies allreduce dpsgd sgp]
-                                   [--model mlp] [--steps 100] [--json FILE]
+                                   [--model mlp|lenet|linear] [--steps 100] [--json FILE]
 
 The simulator runs every logical worker's own forward, backward and optimizer step in one
 process, so a simulated worker-step can never cost less than a bare step; the rest
@@ -86,6 +86,16 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def make_model(name: str, data: Dataset) -> torch.nn.Module:
+    """`linear` is one Linear layer, whose compute is next to nothing: what a simulated
+    worker-step costs beyond it is the simulator's own machinery (docs/simulator.md)."""
+    if name == "linear":
+        c, h, w = data.input_shape
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(c * h * w,
+                                                                       data.num_classes))
+    return build_model(name, data.input_shape, data.num_classes)
+
+
 def bare_step_ms(model_name: str, data: Dataset, replicas: int = 1, steps: int = 100,
                  repeats: int = 5) -> tuple[float, float]:
     """Wall and CPU milliseconds of one plain forward+backward+SGD step: the fastest of
@@ -95,8 +105,7 @@ def bare_step_ms(model_name: str, data: Dataset, replicas: int = 1, steps: int =
     of replicas that no longer all fit in the cache. Gradients are freed right after each
     step, as the simulator frees them: the fastest such loop is the floor."""
     torch.manual_seed(0)
-    models = [build_model(model_name, data.input_shape, data.num_classes)
-              for _ in range(replicas)]
+    models = [make_model(model_name, data) for _ in range(replicas)]
     optimizers = [torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM) for m in models]
     shards = [Shard(data.train_x, data.train_y, BATCH, r, replicas, seed=0)
               for r in range(replicas)]
@@ -148,7 +157,8 @@ def measure(model: str, strategy: str, workers: int, steps: int, log_every: int 
                    "data.batch_size": BATCH, "optimizer.lr": LR,
                    "optimizer.momentum": MOMENTUM, **STRATEGY_OPTIONS.get(strategy, {}),
                    **(settings or {})}
-        job = fs.Job(model=model, data=data, strategy=strategy, options=options, quiet=True)
+        job = fs.Job(model=(lambda: make_model(model, data)) if model == "linear" else model,
+                     data=data, strategy=strategy, options=options, quiet=True)
         wall, cpu = time.perf_counter(), _cpu()
         summary = job.simulate(workers=workers).summary or {}
         wall, cpu = time.perf_counter() - wall, _cpu() - cpu
@@ -211,7 +221,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, nargs="+", default=[16, 256, 1024])
     p.add_argument("--strategies", nargs="+", default=["allreduce", "dpsgd", "sgp"])
-    p.add_argument("--model", default="mlp", choices=["mlp", "lenet"])
+    p.add_argument("--model", default="mlp", choices=["mlp", "lenet", "linear"],
+                   help="linear: one layer, so that the simulator's own cost shows")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--log-every", type=int, default=1, help="run.log_every")
     p.add_argument("--threads", type=int, default=1,
