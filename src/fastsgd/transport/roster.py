@@ -38,7 +38,10 @@ class Roster:
 
     def returned_at(self, rank: int, step: int) -> int:
         """The step the process standing for `rank` at `step` joined at (0: the first)."""
-        return max([s for s in self.returns.get(rank, []) if s <= step], default=0)
+        known = self.returns.get(rank)
+        if not known:  # asked for every peer at every step: most ranks never came back
+            return 0
+        return max([s for s in known if s <= step], default=0)
 
     def departures(self, own: dict[int, list[tuple[int, float]]]) -> Departures:
         """Every departure known, by rank and process: the seeded ones and this process's
