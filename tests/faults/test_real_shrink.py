@@ -35,6 +35,18 @@ def _survived(out, done, killed, steps=STEPS):
     return summary
 
 
+def _same_to_rounding(a: dict, b: dict) -> bool:
+    """The same model but for float rounding: a batch split another way rounds otherwise,
+    and once in a while that turns one ReLU the other way on one sample, after which that
+    unit's weights part by more than rounding. Seen on a 2-core AMD EPYC (Zen 3, AVX2):
+    allreduce on digits, 3 workers of 32 against 2 of 48, 120 steps, no death: 63 of the
+    MLP's 85,002 weights (one hidden unit's row) 8.6e-5 apart, the rest within 5e-7. A
+    wrong weighting of the parts would move nearly every weight."""
+    far = sum(int(((a[k] - b[k]).abs() > 1e-6).sum()) for k in a)
+    return far <= 1e-3 * sum(a[k].numel() for k in a) and all(
+        (a[k] - b[k]).abs().max() < 1e-3 for k in a)
+
+
 @pytest.mark.multiproc
 def test_whoever_dies_the_survivors_train_the_model_of_the_run_without_a_death(tmp_path):
     """Killed after step 60, or in step 61 with its all-reduce in flight: the survivors'
@@ -56,7 +68,7 @@ def test_whoever_dies_the_survivors_train_the_model_of_the_run_without_a_death(t
     # killed between steps: step 61 is done again by the two, whoever they are
     assert all(torch.equal(models[0][k], models[2][k]) for k in straight)
     # killed with its gradients in flight, some survivors may have had all three parts
-    assert all((straight[k] - m[k]).abs().max() < 1e-6 for m in models for k in straight)
+    assert all(_same_to_rounding(straight, m) for m in models)
 
 
 @pytest.mark.multiproc
@@ -68,7 +80,7 @@ def test_uneven_parts_weigh_as_many_samples_as_they_hold(tmp_path):
     out = tmp_path / "shrunk"
     _survived(out, _run(out, steps=60, kill="3:30", **sets), 3, steps=60)
     a, b = (torch.load(d / "model.pt", weights_only=True) for d in (tmp_path / "straight", out))
-    assert all((a[k] - b[k]).abs().max() < 1e-6 for k in a)
+    assert _same_to_rounding(a, b)
 
 
 @pytest.mark.multiproc
@@ -158,7 +170,7 @@ def test_a_run_that_shrank_checkpoints_its_survivors(straight, tmp_path):
     done = _run(tmp_path, kill="1:30", **{"run.checkpoint_every": 20})
     _survived(tmp_path, done, 1)
     model = torch.load(tmp_path / "model.pt", weights_only=True)
-    assert all((straight[k] - model[k]).abs().max() < 1e-6 for k in straight)
+    assert _same_to_rounding(straight, model)
     assert [d is None for d in _manifest(tmp_path, 120)["sha256"]] == [False, True, False]
     longer = _resume(tmp_path, "run.steps=140")
     assert longer.returncode == 0, longer.stderr[-3000:]
