@@ -25,6 +25,7 @@ from fastsgd.compress.collectives import all_reduce_means, init_all_reduce, unse
 from fastsgd.options import Configurable, Option, one_of, positive
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.correction import MODES, corrects
+from fastsgd.strategies.params import all_finite
 from fastsgd.transport.base import Handle, Transport
 
 
@@ -149,6 +150,14 @@ class AllReduce(Configurable, section="strategy"):
                 bucket.launch(ctx)
         for bucket in self._buckets:
             bucket.finish(ctx.transport)
+        if self.overlap and not all_finite([bucket.flat for bucket in self._buckets]):
+            # A worker's gradient was not finite though its loss was: its buckets had left
+            # during backward, before the loop could see it and send zeros instead, and an
+            # all-reduce takes no part back. Every worker holds the same mean, so all drop
+            # this step's update alike and the replicas stay in step.
+            for bucket in self._buckets:
+                for p in bucket.params:
+                    p.grad = None
 
     def on_parameters(self, params: list[torch.nn.Parameter], state: dict[str, Any],
                       ctx: Context) -> None:

