@@ -6,6 +6,7 @@ import torch
 
 import fastsgd as fs
 from fastsgd.errors import ConfigError, UserError
+from tests.test_worker import InfiniteSlopeOnMarkedBatches, marked_digits
 
 OPTIONS = {"data.name": "digits", "model.name": "mlp", "run.steps": 40, "run.eval_every": 20}
 
@@ -23,6 +24,26 @@ def test_ddp_trains_what_allreduce_trains(tmp_path):
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     sent = {r.summary["strategy"]: r.summary["bytes_sent_total"] for r in (ddp, ours)}
     assert sent["ddp"] == sent["allreduce"] > 0
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("strategy", ["ddp", "allreduce"])
+def test_a_gradient_not_finite_under_a_finite_loss_leaves_every_replica_finite(tmp_path,
+                                                                              strategy):
+    """Both all-reduce buckets during backward, before the worker's own finite check. DDP
+    has written the mean into every worker's gradients by then, so each worker's check
+    sees it; allreduce's buckets are still in flight, and it checks the mean once they
+    land. Either way every worker drops that step alike (real processes, gloo)."""
+    data = marked_digits()
+    result = fs.Job(model=lambda: InfiniteSlopeOnMarkedBatches(data), data=data,
+                    strategy=strategy, quiet=True,
+                    options={**OPTIONS, "run.out": str(tmp_path), "run.steps": 30,
+                             "run.eval_every": 0}).run(workers=2)
+    assert result.summary["skipped_steps"] > 0
+    assert all(m["loss"] == m["loss"] for m in result.metrics())  # every loss finite
+    assert result.summary["consensus_distance"] == 0
+    params = torch.load(result.run_dir / "model.pt", weights_only=True)
+    assert all(torch.isfinite(p).all() for p in params.values())
 
 
 def test_the_simulator_refuses_ddp_in_one_line(tmp_path):
