@@ -266,9 +266,11 @@ def reference_powersgd(codec, tensor, state):
     matrix[:flat.numel()] = flat
     matrix = matrix.view(rows, cols)
     # matrix @ q and matrix^T @ p as (q^T matrix^T)^T and (p^T matrix)^T: the same products,
-    # in the summation order the codec's BLAS calls take (test_powersgd_products_...)
-    p = torch.linalg.qr((state["q"].T @ matrix.T).T).Q
-    q = (p.T @ matrix).T
+    # in the summation order the codec's BLAS calls take (test_powersgd_products_...), made
+    # contiguous as the codec's are: on an AVX-512 Xeon, MKL rounds a QR or a product of a
+    # transposed (column-major) operand differently
+    p = torch.linalg.qr((state["q"].T @ matrix.T).T.contiguous()).Q
+    q = (p.T @ matrix).T.contiguous()
     state["q"] = q
     # p q^T summed rank by rank in order, each product rounded before it is added (the
     # same numbers on the CPU with the loops and without)
