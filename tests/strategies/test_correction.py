@@ -110,7 +110,7 @@ def _unsent_and_params(synthetic, codec, keep: bool, steps: int = 6):
             optimizer.step()
             replica.sync_parameters()
         buckets = strategy._buckets
-        held = [unsent(replica.ctx.compressor, s, b.flat)
+        held = [unsent(replica.ctx.compressor, s, b.like())
                 for b, s in zip(buckets, replica.state["codec"])]
         return [b.gather_params() for b in buckets], held
 

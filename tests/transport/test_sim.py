@@ -41,6 +41,32 @@ def test_collectives_wait_for_the_last_worker_and_share_the_links():
     assert out[1] == out[0]
 
 
+def test_an_all_reduce_in_flight_holds_no_buffer_of_the_worker_and_each_gets_the_sum():
+    """A tensor nothing else uses gives its memory up while its all-reduce is in flight
+    (folded in on arrival; taken as it is where it arrives before its turn) and holds the
+    sum after wait(), bitwise the sum in rank order; a tensor with a view is summed in place,
+    so that the view sees the result."""
+    parts = [torch.randn(1000, generator=torch.Generator().manual_seed(r)) for r in range(4)]
+    expected = parts[0].clone()
+    for part in parts[1:]:
+        expected += part
+
+    def worker(t):
+        t.scheduler.charge(t.rank, (4 - t.rank) * 1_000_000)  # arrive in reverse rank order
+        alone, shared = parts[t.rank].clone(), parts[t.rank].clone()
+        view = shared[10:20]
+        h1, h2 = t.all_reduce(alone, async_op=True), t.all_reduce(shared, async_op=True)
+        in_flight = alone.numel(), shared.numel()
+        h1.wait()
+        h2.wait()
+        return alone, shared, view, in_flight
+
+    for alone, shared, view, in_flight in simulate(4, worker, NET, FREE):
+        assert in_flight == (0, 1000)  # given up; kept (a view uses it)
+        assert torch.equal(alone, expected) and alone.shape == (1000,)
+        assert torch.equal(shared, expected) and torch.equal(view, expected[10:20])
+
+
 def test_messages_take_latency_plus_size_over_bandwidth_and_queue_on_the_link():
     def worker(t):
         if t.rank == 0:

@@ -30,47 +30,50 @@ from fastsgd.transport.base import Handle, Transport
 
 
 class _Bucket:
+    """Consecutive parameters whose gradients are all-reduced as one flat tensor. The tensor
+    is made at each step, from the gradients, and dropped after it: the parameters'
+    gradients become its views, freed with them. Held across steps it would be a model-sized
+    buffer more per worker, and in a simulated cluster of hundreds of workers one that has
+    left the cache by the time it is used again (docs/simulator.md, "Scale and speed")."""
+
     def __init__(self, params: list[torch.nn.Parameter]):
         self.params = params
-        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
-                                device=params[0].device)
-        self.views = list(self.flat.split([p.numel() for p in params]))
+        self.sizes = [p.numel() for p in params]
+        self.flat: torch.Tensor | None = None  # while its all-reduce is in flight
         self.pending = len(params)
         self.handle: Handle | None = None
+
+    def like(self) -> torch.Tensor:
+        """A flat tensor of the bucket's size and kind (what codec state is shaped after)."""
+        p = self.params[0]
+        return torch.zeros(sum(self.sizes), dtype=p.dtype, device=p.device)
 
     def gather_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.params])
 
-    def gather_grads(self, as_views: bool = False) -> None:
-        """Gradients into the bucket. `as_views`: each `p.grad` becomes its view of the bucket,
-        so the averaged bucket is the gradients with no copy back; where the user's
-        `zero_grad` keeps the tensors, backward accumulates straight into the bucket
-        (PyTorch DDP's gradient_as_bucket_view)."""
-        for p, view in zip(self.params, self.views):
-            if p.grad is None:
-                view.zero_()
-            elif p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad.reshape(-1))
-            if as_views:
-                p.grad = view.view_as(p)
+    def gather_grads(self) -> torch.Tensor:
+        """A new flat tensor of the gradients (zeros for a parameter that has none)."""
+        return torch.cat([p.grad.detach().reshape(-1) if p.grad is not None else
+                          torch.zeros(n, dtype=p.dtype, device=p.device)
+                          for p, n in zip(self.params, self.sizes)])
 
-    def scatter_grads(self) -> None:
-        for p, view in zip(self.params, self.views):
-            if p.grad is None:
-                p.grad = view.view_as(p).clone()
-            elif p.grad.data_ptr() != view.data_ptr():
-                p.grad.copy_(view.view_as(p))
+    def set_grads(self, flat: torch.Tensor) -> None:
+        """Each parameter's gradient becomes its view of `flat` (no copy)."""
+        for p, view in zip(self.params, flat.split(self.sizes)):
+            p.grad = view.view_as(p)
 
     def launch(self, ctx: Context) -> None:
-        self.gather_grads(as_views=True)
+        self.flat = self.gather_grads()
         self.handle = ctx.transport.all_reduce(self.flat, async_op=True)
 
-    def finish(self, transport: Transport) -> None:
-        assert self.handle is not None
+    def finish(self, transport: Transport) -> torch.Tensor:
+        """The mean gradient, once the all-reduce is done; the gradients are its views."""
+        assert self.handle is not None and self.flat is not None
         self.handle.wait()
-        self.flat.div_(len(transport.members()))  # the survivors, once a worker is lost
-        self.scatter_grads()
-        self.handle, self.pending = None, len(self.params)
+        mean = self.flat.div_(len(transport.members()))  # the survivors, once one is lost
+        self.set_grads(mean)
+        self.flat, self.handle, self.pending = None, None, len(self.params)
+        return mean
 
 
 class AllReduce(Configurable, section="strategy"):
@@ -111,7 +114,8 @@ class AllReduce(Configurable, section="strategy"):
             n = ctx.transport.world_size
             self._corrected = corrects(self.momentum_correction, ctx.optimizer, ctx.compressor)
             self._keeps = self._corrected and self.keep_residual
-            return {"codec": [init_all_reduce(ctx.compressor, b.flat, n) for b in self._buckets]}
+            return {"codec": [init_all_reduce(ctx.compressor, b.like(), n)
+                              for b in self._buckets]}
         if self.overlap:
             for bucket in self._buckets:
                 for p in bucket.params:
@@ -133,24 +137,20 @@ class AllReduce(Configurable, section="strategy"):
         if "codec" in state and self._corrected:  # the update moves after the step
             self._start = [bucket.gather_params() for bucket in self._buckets]
             if self._keeps:
-                self._held = [_clone(unsent(ctx.compressor, s, b.flat))
+                self._held = [_clone(unsent(ctx.compressor, s, b.like()))
                               for b, s in zip(self._buckets, state["codec"])]
             return
         if "codec" in state:  # each layer encoded alone, all layers moved together
-            for bucket in self._buckets:
-                bucket.gather_grads()
-            means = all_reduce_means([b.flat for b in self._buckets], ctx.compressor,
-                                     state["codec"], ctx.transport)
+            means = all_reduce_means([b.gather_grads() for b in self._buckets],
+                                     ctx.compressor, state["codec"], ctx.transport)
             for bucket, mean in zip(self._buckets, means):
-                bucket.flat.copy_(mean)
-                bucket.scatter_grads()
+                bucket.set_grads(mean.reshape(-1))
             return
         for bucket in self._buckets:  # buckets whose gradients did not all arrive (unused params)
             if bucket.handle is None:
                 bucket.launch(ctx)
-        for bucket in self._buckets:
-            bucket.finish(ctx.transport)
-        if self.overlap and not all_finite([bucket.flat for bucket in self._buckets]):
+        means = [bucket.finish(ctx.transport) for bucket in self._buckets]
+        if self.overlap and not all_finite(means):
             # A worker's gradient was not finite though its loss was: its buckets had left
             # during backward, before the loop could see it and send zeros instead, and an
             # all-reduce takes no part back. Every worker holds the same mean, so all drop

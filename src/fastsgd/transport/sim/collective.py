@@ -27,7 +27,8 @@ class Collective:
     started: bool = False  # every survivor is in: it runs, and ends at `end`
 
 
-def fold(op: Collective, rank: int, tensor: torch.Tensor) -> None:
+def fold(op: Collective, rank: int, tensor: torch.Tensor, given: bool = False) -> None:
+    """`given`: the worker gives its tensor up (transport.py): kept as it is, not copied."""
     op.count += 1
     if op.combine == "gather":
         op.parts[rank] = tensor.clone()
@@ -36,7 +37,7 @@ def fold(op: Collective, rank: int, tensor: torch.Tensor) -> None:
             op.result.add_(tensor)
             op.summed += 1
         else:
-            op.parts[rank] = tensor.clone()
+            op.parts[rank] = tensor if given else tensor.clone()
         while op.summed in op.parts:
             part = op.parts.pop(op.summed)
             op.result = part if op.result is None else op.result.add_(part)

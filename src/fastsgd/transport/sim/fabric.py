@@ -50,12 +50,13 @@ class SimFabric:
         self.replying: tuple[int, int] = (-1, 0)  # while a handler runs: (src, its process)
 
     def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: Callable[[], int],
-               combine: str | int) -> Collective:
-        """Worker `rank` joins collective `seq`; the first to arrive prices it."""
+               combine: str | int, given: bool = False) -> Collective:
+        """Worker `rank` joins collective `seq`; the first to arrive prices it. `given`: the
+        worker gives `tensor` up (fold)."""
         op = self.collectives.get(seq)
         if op is None:
             op = self.collectives[seq] = Collective(duration(), combine)
-        fold(op, rank, tensor.detach())
+        fold(op, rank, tensor.detach(), given)
         op.ranks.add(rank)
         op.arrival = max(op.arrival, self.scheduler.now(rank))
         self._start_if_all_in(seq, op)

@@ -30,17 +30,42 @@ from fastsgd.transport.sim.faults import Crashed
 
 
 class SimHandle:
-    def __init__(self, transport: SimTransport, op: Collective, out: torch.Tensor | None):
+    """A simulated collective in flight. `released`: the output tensor's storage was given
+    up when the worker arrived (`_sole_user`); `wait` hands it a new one with the result."""
+
+    def __init__(self, transport: SimTransport, op: Collective, out: torch.Tensor | None,
+                 released: bool = False):
         self._transport, self._op, self._out = transport, op, out
+        self._released = released
 
     def wait(self) -> None:
         t = self._transport  # no yield first: blocking runs what is due, then wakes us
         if self._op.end is None:
             self._op.waiting.add(t.rank)
             t.scheduler.block(t.rank)
-        if self._out is not None:
+        if self._out is None:
+            return
+        if self._released:  # the result is shaped as what the worker brought
+            self._out.set_(self._op.result.clone())
+        else:
             self._out.copy_(self._op.result)
-            self._out = None
+        self._out = None
+
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _sole_user(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` may give up its storage while its all-reduce is in flight: nothing
+    else uses it (no view, no other tensor: those must see the result in place). What a
+    worker brings is folded in on arrival and its contents are undefined until wait(), as on
+    real processes. A buffer that each of hundreds of simulated workers held through the
+    wait has left the cache when the result is copied into it; given up, it is folded in
+    without a copy, and the next worker's buffers reuse its memory while it is still in the
+    cache (docs/simulator.md, "Scale and speed")."""
+    if _use_count is None or tensor.requires_grad or tensor.numel() == 0:
+        return False
+    return _use_count(tensor.untyped_storage()._cdata) == 2  # the tensor, the query's own
 
 
 class _Left:
@@ -80,10 +105,13 @@ class SimTransport:
     def _collective(self, tensor: torch.Tensor, kind: str, size: int, combine: str | int,
                     out: torch.Tensor | None) -> SimHandle:
         # no scheduling point: what a worker brings does not depend on what else is due
+        give = combine == "sum" and out is tensor and _sole_user(tensor)
         op = self.fabric.arrive(self._seq, self.rank, tensor,
-                                lambda: self.fabric.price(kind, size), combine)
+                                lambda: self.fabric.price(kind, size), combine, give)
         self._seq += 1
-        return SimHandle(self, op, out)
+        if give:
+            tensor.set_()  # its memory is the collective's now (a part held) or free again
+        return SimHandle(self, op, out, give)
 
     def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
         size, n = nbytes(tensor), self.world_size
