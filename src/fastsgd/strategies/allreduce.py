@@ -137,8 +137,8 @@ class AllReduce(Configurable, section="strategy"):
         if "codec" in state and self._corrected:  # the update moves after the step
             self._start = [bucket.gather_params() for bucket in self._buckets]
             if self._keeps:
-                self._held = [_clone(unsent(ctx.compressor, s, b.like()))
-                              for b, s in zip(self._buckets, state["codec"])]
+                self._held = [_clone(unsent(ctx.compressor, s, start))
+                              for start, s in zip(self._start, state["codec"])]
             return
         if "codec" in state:  # each layer encoded alone, all layers moved together
             means = all_reduce_means([b.gather_grads() for b in self._buckets],
