@@ -129,6 +129,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "straggler_factor": Option(float, 4.0, at_least(1), "how much slower that step is"),
         "sigma": Option(float, 0.0, at_least(0), "log-normal noise on every step's compute"),
         "trace": Option(str, "", doc="CSV: each worker's windows, speed, bandwidth"),
+        "lanes": Option(int, -1, at_least(-1), "simulator: threads that compute workers' "
+                        "steps beside its scheduler, same results (-1: one per core)"),
     },
     "network": {  # the simulated network (docs/simulator.md)
         "bandwidth": Option(str, "10Gbit", bandwidth_check, "each worker's NIC, each way"),

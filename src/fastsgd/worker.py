@@ -250,12 +250,10 @@ class _Loop:
         t2 = now()
         if not (self.own_zero_grad and all(p.grad is None for p in self.weights)):
             self.optimizer.zero_grad()  # else freed after the last step already (below)
-        loss = self.plan.step(self.replica.forward_module, (x, y))
-        t.compute("forward", k)
-        t3 = now()
-        value = float(loss.detach())
-        if math.isfinite(value):
-            (loss * self.weight if self.weight != 1 else loss).backward()
+        forward_end: list[float] = []
+        value = t.offload(lambda charged: self.forward_backward(x, y, charged),
+                          lambda: (t.compute("forward", k), forward_end.append(now())))
+        t3 = forward_end[0]
         t.compute("backward", k)
         self.check_finite(k, value)
         self.straggle(k, now() - t2)
@@ -265,14 +263,7 @@ class _Loop:
         resume.kill_if_asked(self.rank, k + 1, "gradients")  # fault tests (tests/faults)
         self.replica.sync_gradients()
         t5 = now()
-        self.optimizer.step()
-        # free the gradients now, not at the next step: 1 MB less per simulated MLP worker
-        # while it waits for the others, and the next worker's backward takes the memory
-        # while it is still in the cache (what zero_grad does, without its wrappers)
-        for p in self.weights:
-            p.grad = None
-        self.level = 2 * k + 1
-        t.compute("update", k)
+        t.offload(self.update, lambda: self.stepped(k))
         t6 = now()
         resume.kill_if_asked(self.rank, k + 1, "parameters")
         self.replica.sync_parameters()
@@ -291,6 +282,31 @@ class _Loop:
                 "bytes_sent": t.bytes_sent - sent, "bytes_received": t.bytes_received - received,
                 "staleness": self.replica.ctx.stats.get("staleness", 0)})
         return value
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
+                         charged: Callable[[], None]) -> float:
+        """Forward, `charged()`, then backward unless the loss is not finite; the loss.
+        The simulator may run it on a compute lane (transport.offload)."""
+        loss = self.plan.step(self.replica.forward_module, (x, y))
+        charged()
+        value = float(loss.detach())
+        if math.isfinite(value):
+            (loss * self.weight if self.weight != 1 else loss).backward()
+        return value
+
+    def update(self, charged: Callable[[], None]) -> None:
+        """The optimizer step, then `charged()` (transport.offload)."""
+        self.optimizer.step()
+        # free the gradients now, not at the next step: 1 MB less per simulated MLP worker
+        # while it waits for the others, and the next worker's backward takes the memory
+        # while it is still in the cache (what zero_grad does, without its wrappers)
+        for p in self.weights:
+            p.grad = None
+        charged()
+
+    def stepped(self, k: int) -> None:
+        self.level = 2 * k + 1
+        self.t.compute("update", k)
 
     def reshard(self) -> None:
         """Workers were lost: the survivors split each global batch among themselves from

@@ -49,9 +49,11 @@ class _Busy:
 @pytest.mark.parametrize("strategy", [name for name in STRATEGIES  # not ddp: torch's own
                                       if not getattr(STRATEGIES.get(name), "REAL_ONLY", False)])
 def test_same_config_same_bits(strategy, synthetic, tmp_path):
-    first = _run(synthetic, tmp_path / "a", strategy)
+    """Also whether workers compute on the scheduler's thread or on two compute lanes
+    beside it (transport/sim/lanes.py), in whatever order the machine's load gives."""
+    first = _run(synthetic, tmp_path / "a", strategy, **{"compute.lanes": 0})
     with _Busy():
-        second = _run(synthetic, tmp_path / "b", strategy)
+        second = _run(synthetic, tmp_path / "b", strategy, **{"compute.lanes": 2})
     for name in FILES:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
 

@@ -7,7 +7,8 @@ the same rules in both, so their figures can be compared.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -142,6 +143,13 @@ class Transport(Protocol):
     def compute(self, phase: str, step: int) -> None:
         """`phase` (forward, backward, update, codec) of `step` is done: the simulator charges
         its compute model's time for it (no-op when real)."""
+        ...
+
+    def offload(self, work: Callable[[Callable[[], None]], Any],
+                charge: Callable[[], None]) -> Any:
+        """`work(charged)`, which calls `charged()` once, after the part of it that `charge`
+        accounts for; its result. Real: `work(charge)`. The simulator may run `work` on a
+        compute lane while other workers run (sim/lanes.py)."""
         ...
 
 

@@ -13,6 +13,8 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -312,6 +314,10 @@ class TorchTransport(Membership):
     def compute(self, phase: str, step: int) -> None:
         """Real compute took the time it took: nothing to charge; the step stamps messages."""
         self._step = step
+
+    def offload(self, work: Callable[[Callable[[], None]], Any],
+                charge: Callable[[], None]) -> Any:
+        return work(charge)
 
     def close(self) -> None:
         """Stop the messenger and destroy this transport's group, and the default group if

@@ -10,6 +10,7 @@ import torch
 from fastsgd.transport.sim.compute import ComputeModel, Heterogeneity
 from fastsgd.transport.sim.fabric import SimFabric
 from fastsgd.transport.sim.faults import Faults
+from fastsgd.transport.sim.lanes import Lanes
 from fastsgd.transport.sim.network import Network, parse_bandwidth, parse_seconds
 from fastsgd.transport.sim.rejoins import launcher
 from fastsgd.transport.sim.scheduler import Scheduler, SimAborted
@@ -23,7 +24,7 @@ __all__ = ["ComputeModel", "Faults", "Heterogeneity", "Network", "SimAborted", "
 def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Network | None = None,
              compute: ComputeModel | None = None, faults: Faults | None = None,
              on_death: Callable[[Callable[[int], int]], None] | None = None,
-             steps: int | None = None) -> list[Any]:
+             steps: int | None = None, lanes: int = 0) -> list[Any]:
     """Run `fn(transport)` for each of `world_size` logical workers; return their results
     (None for a worker that crashed).
 
@@ -31,6 +32,7 @@ def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Networ
     `faults`, which workers crash (faults.py); `on_death(handing_in)` is called at each crash
     and each return, with a function that says how many workers hand in their model at a
     step. `steps`: the run's, where a lost worker is replaced (run.rejoin: rejoins.py).
+    `lanes`: threads that compute beside the scheduler (lanes.py; modeled compute only).
     """
     compute = compute or ComputeModel()
     network = network or Network()
@@ -40,7 +42,8 @@ def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Networ
     factors = None if compute.deterministic else [compute.factor(r, 0, 0)
                                                   for r in range(world_size)]
     scheduler = Scheduler(world_size, factors)
-    fabric = SimFabric(world_size, network, scheduler, compute, faults)
+    pool = Lanes(lanes) if lanes and compute.deterministic else None
+    fabric = SimFabric(world_size, network, scheduler, compute, faults, pool)
     if on_death is not None:
         fabric.on_death.append(lambda: on_death(fabric.membership.handing_in))
     if faults is not None and faults.restart_ns is not None and steps:
@@ -56,3 +59,5 @@ def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Networ
         return scheduler.run([lambda t=t: fn(t) for t in transports])
     finally:
         torch.set_num_threads(threads)
+        if pool is not None:
+            pool.close()

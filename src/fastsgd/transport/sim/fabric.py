@@ -14,6 +14,7 @@ from fastsgd.transport.frames import frame_bytes
 from fastsgd.transport.sim.collective import Collective, finish_sum, fold
 from fastsgd.transport.sim.compute import ComputeModel, to_ns
 from fastsgd.transport.sim.faults import Faults, Membership
+from fastsgd.transport.sim.lanes import Lanes
 from fastsgd.transport.sim.links import Links
 from fastsgd.transport.sim.network import Network
 from fastsgd.transport.sim.scheduler import Scheduler
@@ -23,8 +24,10 @@ class SimFabric:
     """What the workers of one simulated cluster share: the scheduler, the network, queues."""
 
     def __init__(self, world_size: int, network: Network, scheduler: Scheduler,
-                 compute: ComputeModel, faults: Faults | None = None):
+                 compute: ComputeModel, faults: Faults | None = None,
+                 lanes: Lanes | None = None):
         self.world_size = world_size
+        self.lanes = lanes  # compute lanes (lanes.py), or None: all on the scheduler's thread
         self.network, self.compute = network, compute
         self.scheduler = scheduler
         self.links = Links(network, world_size, compute.trace, faults)

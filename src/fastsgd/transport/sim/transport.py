@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -68,6 +69,18 @@ def _sole_user(tensor: torch.Tensor) -> bool:
     return _use_count(tensor.untyped_storage()._cdata) == 2  # the tensor, the query's own
 
 
+class _Deferred:
+    """The handle of an all-reduce asked for on a compute lane (a backward hook): the
+    collective itself starts when the worker replays it (SimTransport.offload)."""
+
+    def __init__(self) -> None:
+        self.handle: Handle | None = None
+
+    def wait(self) -> None:
+        assert self.handle is not None, "an all-reduce of a compute lane waited before replay"
+        self.handle.wait()
+
+
 class _Left:
     """A posted message's handle: `wait()` returns once it is past the sender's uplink (the
     worker waits as a blocking send would, without computing)."""
@@ -101,6 +114,7 @@ class SimTransport:
         self.bytes_sent = 0
         self.bytes_received = 0
         self._seq = 0
+        self._asked: list[tuple[torch.Tensor, _Deferred]] | None = None  # on a lane: replayed
 
     def _collective(self, tensor: torch.Tensor, kind: str, size: int, combine: str | int,
                     out: torch.Tensor | None) -> SimHandle:
@@ -114,6 +128,13 @@ class SimTransport:
         return SimHandle(self, op, out, give)
 
     def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
+        if self._asked is not None:  # from this worker's compute lane: replayed in offload
+            if not async_op:
+                raise RuntimeError("a blocking all-reduce during a simulated worker's "
+                                   "backward: only asynchronous ones can be replayed")
+            deferred = _Deferred()
+            self._asked.append((tensor, deferred))
+            return deferred
         size, n = nbytes(tensor), self.world_size
         self._count(ring_allreduce_bytes(size, n), ring_allreduce_bytes(size, n))
         handle = self._collective(tensor, "allreduce", size, "sum", tensor)
@@ -342,6 +363,31 @@ class SimTransport:
         self.scheduler.charge(rank, start - now + model.phase_ns(phase, rank, step, start))
         if phase == "update":  # once a step: workers that never talk (hogwild) interleave
             self.scheduler.yield_(rank)
+
+    def offload(self, work: Callable[[Callable[[], None]], Any],
+                charge: Callable[[], None]) -> Any:
+        """`work(charged)`: compute that calls `charged()` once, after its part that `charge`
+        prices (the forward of forward + backward; the whole optimizer step); its result.
+        The worker then sleeps until its clock, so that the others run meanwhile. With
+        compute lanes (lanes.py) `work` runs on one while the scheduler goes on, and what
+        it asked of this transport (backward hooks' all-reduces) is replayed here once it is
+        done: the scheduler sees the same calls in the same order either way."""
+        lanes = self.fabric.lanes
+        if lanes is None:
+            return work(lambda: (charge(), self.scheduler.yield_(self.rank)))
+        self._asked = []
+        done = lanes.submit(lambda: work(lambda: None))
+        try:
+            charge()
+            self.scheduler.yield_(self.rank)
+        finally:  # also when the worker crashes or the run stops: its lane is done with it
+            try:
+                result = done.result()
+            finally:
+                asked, self._asked = self._asked, None
+        for tensor, deferred in asked:
+            deferred.handle = self.all_reduce(tensor, async_op=True)
+        return result
 
     def off_clock(self) -> None:
         """Do not charge the time since the last transport call (evaluation, logging)."""

@@ -1,0 +1,81 @@
+"""Compute lanes: OS threads beside the scheduler's that run simulated workers' forward,
+backward and optimizer step while the scheduler goes on with the others.
+
+The scheduler runs one worker at a time, on one thread, so a simulated cluster used one core
+however many the machine has. With a modeled compute time (`profile`, `fixed`) the virtual
+clock does not depend on when, or on which thread, a worker's tensors are computed, only
+that they are ready when the worker goes on. So a worker hands its compute to a lane, is
+charged its modeled time and sleeps like any worker that computes; the scheduler runs the
+others meanwhile, and when the worker's turn comes it waits for its lane's result (usually
+long done). Torch releases the GIL inside its kernels, so the lane and the scheduler compute
+at once.
+
+The run stays bitwise what it is without lanes (`compute.lanes = 0`), whatever the machine's
+load: a worker calls the scheduler in the same order either way (transport.py, `offload`),
+every lane computes on one intra-op thread as the scheduler does, with the same kernels, and
+what a worker's backward hooks ask of the transport (allreduce's buckets, launched during
+backward) is replayed on the scheduler's thread in the order they asked, at the time they
+would have asked. Three things would make the order of computing matter, so a run with
+any of them gets no lanes (`job.py`): a step that draws from torch's global random
+generator (dropout: the draws would interleave), workers that share their parameters
+(hogwild: one's update would race another's forward), and measured compute (the wall time
+is the charge).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+
+def cores() -> int:
+    """Lanes for `compute.lanes = -1`: one per core this process may use. The scheduler's
+    thread mostly waits for them (a synchronous strategy's workers all compute between two
+    collectives), so it needs no core of its own."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _threads_like_the_scheduler() -> None:
+    """Torch tells MKL its thread count per thread (mkl_set_num_threads_local): a new
+    thread's MKL would use every core, and split its products differently from the
+    scheduler's (other bits). Set on the lane what the simulator set for the run."""
+    torch.set_num_threads(torch.get_num_threads())
+
+
+class Lanes:
+    """`count` threads that compute what workers hand them, first come first served."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self._pool = ThreadPoolExecutor(count, thread_name_prefix="fastsgd-lane",
+                                        initializer=_threads_like_the_scheduler)
+
+    def submit(self, work: Callable[[], Any]) -> Future:
+        grad = torch.is_grad_enabled()  # thread-local in torch: as the worker has it
+
+        def run() -> Any:
+            with torch.set_grad_enabled(grad):
+                return work()
+
+        return self._pool.submit(run)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def draws_random(step: Callable[[], torch.Tensor]) -> bool:
+    """Whether one forward and backward (`step` returns the loss) draws from torch's global
+    random generator, which every lane and the scheduler share; its state is put back."""
+    state = torch.get_rng_state()
+    try:
+        step().backward()
+        return not torch.equal(state, torch.get_rng_state())
+    finally:
+        torch.set_rng_state(state)
