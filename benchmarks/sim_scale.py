@@ -23,9 +23,11 @@ its workers. That is the compute alone of N replicas that no longer fit in the c
 floor of anything that steps each replica: `loop ms`, and `/loop`, the simulation's time
 per worker-step over it, which is the simulator's own overhead apart from the machine's.
 
-Both run on one intra-op thread by default (`--threads`): the simulator runs one worker at
-a time anyway, and on a 2-core machine shared with other jobs a second OpenMP thread that
-gets descheduled stalls every op (the bare MLP step took 15 ms instead of 1.2 ms).
+Both run on one intra-op thread by default (`--threads`): on a 2-core machine shared with
+other jobs a second OpenMP thread that gets descheduled stalls every op (the bare MLP step
+took 15 ms instead of 1.2 ms). The simulation computes its workers' steps on its compute
+lanes, one thread per core by default (`--set compute.lanes=0`: all on the scheduler's
+thread; docs/simulator.md); `lanes` in the table is how many it had.
 
 Today's figures are in docs/simulator.md ("Scale and speed"). Measured at commit 1f7c55e's
 simulator, before the changes that section lists (2 cores, AMD EPYC, 24 GiB, shared with other jobs:
@@ -65,8 +67,10 @@ import torch
 import torch.nn.functional as F
 
 import fastsgd as fs
+from fastsgd.config import parse_override
 from fastsgd.data import Dataset, Shard, load_dataset
 from fastsgd.models import build_model
+from fastsgd.transport.sim.lanes import cores
 
 BATCH, LR, MOMENTUM = 32, 0.05, 0.9
 STRATEGY_OPTIONS = {"dpsgd": {"strategy.topology": "onepeer"}}
@@ -159,6 +163,8 @@ def measure(model: str, strategy: str, workers: int, steps: int, log_every: int 
                    **(settings or {})}
         job = fs.Job(model=(lambda: make_model(model, data)) if model == "linear" else model,
                      data=data, strategy=strategy, options=options, quiet=True)
+        lanes = int(options.get("compute.lanes", -1))  # none of these models draws
+        lanes = cores() if lanes < 0 else lanes  # random numbers: what simulate takes
         wall, cpu = time.perf_counter(), _cpu()
         summary = job.simulate(workers=workers).summary or {}
         wall, cpu = time.perf_counter() - wall, _cpu() - cpu
@@ -181,6 +187,7 @@ def measure(model: str, strategy: str, workers: int, steps: int, log_every: int 
             "peak_rss_mb": peak_mb, "base_rss_mb": base_mb,
             "mb_per_worker": (peak_mb - base_mb) / workers,
             "threads": torch.get_num_threads(), "accuracy": summary.get("final_accuracy"),
+            "lanes": lanes,
             "settings": settings or {}}
 
 
@@ -202,7 +209,7 @@ def run_child(model: str, strategy: str, workers: int, steps: int,
 HEADER = (f"{'model':6} {'strategy':10} {'workers':>7} {'steps':>5} {'wall s':>8} "
           f"{'ms/ws':>7} {'bare ms':>7} {'ratio':>6} {'loop ms':>7} {'/loop':>5} {'cpu ms/ws':>9} "
           f"{'bare cpu':>8} "
-          f"{'train ratio':>11} {'peak GB':>7} {'MB/worker':>9} {'acc':>6}")
+          f"{'train ratio':>11} {'peak GB':>7} {'MB/worker':>9} {'acc':>6} {'lanes':>5}")
 
 
 def row(r: dict[str, Any]) -> str:
@@ -214,7 +221,7 @@ def row(r: dict[str, Any]) -> str:
             f"{r['ratio']:6.2f} {r.get('loop_ms', 0):7.3f} {r.get('over_loop', 0):5.2f} "
             f"{r['cpu_ms_per_worker_step']:9.3f} {r['bare_cpu_ms']:8.3f} "
             f"{r.get('train_ratio', 0):11.2f} {r['peak_rss_mb'] / 1024:7.2f} "
-            f"{r['mb_per_worker']:9.2f} {acc:>6}")
+            f"{r['mb_per_worker']:9.2f} {acc:>6} {r.get('lanes', '-'):>5}")
 
 
 def main() -> None:
@@ -242,7 +249,7 @@ def main() -> None:
     if args.one:
         model, strategy, workers, steps = args.one
         _watch_rss(args.max_rss_gb * 1024)
-        settings = dict(kv.split("=", 1) for kv in args.set)
+        settings = dict(parse_override(kv) for kv in args.set)  # as `fastsgd --set` reads
         print(json.dumps(measure(model, strategy, int(workers), int(steps), args.log_every,
                                  args.threads, settings)))
         return

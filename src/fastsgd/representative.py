@@ -33,8 +33,7 @@ def representative(policy: str, model: torch.nn.Module, transport: Transport,
         assign(params, average(list(model.parameters()), transport))
         for buffer in chosen.buffers():
             if buffer.is_floating_point():
-                transport.all_reduce(buffer)
-                buffer.div_(len(transport.members()))
+                transport.all_reduce(buffer, average=True)
         return chosen
     # each score with its rank: once workers are lost, the parts are those of the living
     scores = transport.all_gather(torch.tensor([score(model), transport.rank],

@@ -26,7 +26,7 @@ from fastsgd.options import Configurable, Option, one_of, positive
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.correction import MODES, corrects
 from fastsgd.strategies.params import all_finite
-from fastsgd.transport.base import Handle, Transport
+from fastsgd.transport.base import Handle
 
 
 class _Bucket:
@@ -64,13 +64,14 @@ class _Bucket:
 
     def launch(self, ctx: Context) -> None:
         self.flat = self.gather_grads()
-        self.handle = ctx.transport.all_reduce(self.flat, async_op=True)
+        self.handle = ctx.transport.all_reduce(self.flat, async_op=True, average=True)
 
-    def finish(self, transport: Transport) -> torch.Tensor:
-        """The mean gradient, once the all-reduce is done; the gradients are its views."""
+    def finish(self) -> torch.Tensor:
+        """The mean gradient (over the survivors, once one is lost), once the all-reduce is
+        done; the gradients are its views."""
         assert self.handle is not None and self.flat is not None
         self.handle.wait()
-        mean = self.flat.div_(len(transport.members()))  # the survivors, once one is lost
+        mean = self.flat
         self.set_grads(mean)
         self.flat, self.handle, self.pending = None, None, len(self.params)
         return mean
@@ -149,7 +150,7 @@ class AllReduce(Configurable, section="strategy"):
         for bucket in self._buckets:  # buckets whose gradients did not all arrive (unused params)
             if bucket.handle is None:
                 bucket.launch(ctx)
-        means = [bucket.finish(ctx.transport) for bucket in self._buckets]
+        means = [bucket.finish() for bucket in self._buckets]
         if self.overlap and not all_finite(means):
             # A worker's gradient was not finite though its loss was: its buckets had left
             # during backward, before the loop could see it and send zeros instead, and an
@@ -166,8 +167,7 @@ class AllReduce(Configurable, section="strategy"):
         codec, plus (keep_residual) what its own codec has held back so far."""
         if self._buffers:
             flat = torch.cat([b.reshape(-1) for b in self._buffers])
-            ctx.transport.all_reduce(flat)
-            flat.div_(len(ctx.transport.members()))
+            ctx.transport.all_reduce(flat, average=True)
             for b, view in zip(self._buffers, flat.split([b.numel() for b in self._buffers])):
                 b.copy_(view.view_as(b))
         if self._start is None:

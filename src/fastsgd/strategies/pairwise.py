@@ -124,8 +124,7 @@ class ADPSGD(_OnGraph):
             x = self._drain(t, x, state, ctx.step)
             if self.average_at_end:
                 x = x.clone()
-                t.all_reduce(x)
-                x /= len(t.members())
+                t.all_reduce(x, average=True)
         elif t.rank % 2 == 0 and self._waiting_on is None and self._partners(t, ctx.step):
             self._request(t, self._partner(t, ctx.step), x, state, ctx.step)
         assign(params, x)

@@ -56,10 +56,12 @@ class Transport(Protocol):
     bytes_sent: int
     bytes_received: int
 
-    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
-        """Sum `tensor` over all workers, in place. With `async_op`, its contents are
-        undefined until the handle's `wait()` (the simulator may take its memory meanwhile
-        where no view shares it, and give it a new one with the sum)."""
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False,
+                   average: bool = False) -> Handle:
+        """Sum `tensor` over all workers, in place; `average`: then divide it by the number of
+        workers taking part (the survivors, once one is lost). With `async_op`, its contents
+        are undefined until the handle's `wait()` (the simulator may take its memory
+        meanwhile where no view shares it, and give it a new one with the result)."""
         ...
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:

@@ -57,12 +57,15 @@ from fastsgd.transport.torch_members import Membership
 
 
 class _Work:
-    def __init__(self, work: dist.Work, guard):
-        self._work, self._guard = work, guard
+    def __init__(self, work: dist.Work, guard, then: Callable[[], None] | None = None):
+        self._work, self._guard, self._then = work, guard, then
 
     def wait(self) -> None:
         with self._guard():
             self._work.wait()
+        if self._then is not None:
+            self._then()
+            self._then = None
 
 
 _messengers_made = 0  # in this process: their store keys must not meet
@@ -122,15 +125,22 @@ class TorchTransport(Membership):
         self._received_lock = threading.Lock()
         atexit.register(self.close)  # a script that never closes, e.g. after an error
 
-    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False,
+                   average: bool = False) -> Handle:
+        # the sum, then the division (not ReduceOp.AVG): the bits of the simulator and gloo
+        divide = (lambda: tensor.div_(len(self.members()))) if average else None
         if self._survivors:
             self._survivors.all_reduce(tensor)
-            return Done()
-        size = ring_allreduce_bytes(nbytes(tensor), self._size())
-        self._count(size, size)
-        with self._guard():
-            work = dist.all_reduce(tensor, group=self._group, async_op=async_op)
-        return _Work(work, self._guard) if async_op else Done()
+        else:
+            size = ring_allreduce_bytes(nbytes(tensor), self._size())
+            self._count(size, size)
+            with self._guard():
+                work = dist.all_reduce(tensor, group=self._group, async_op=async_op)
+            if async_op:
+                return _Work(work, self._guard, divide)
+        if divide is not None:
+            divide()
+        return Done()
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         if self._survivors:

@@ -35,9 +35,9 @@ class SimHandle:
     up when the worker arrived (`_sole_user`); `wait` hands it a new one with the result."""
 
     def __init__(self, transport: SimTransport, op: Collective, out: torch.Tensor | None,
-                 released: bool = False):
+                 released: bool = False, average: bool = False):
         self._transport, self._op, self._out = transport, op, out
-        self._released = released
+        self._released, self._average = released, average
 
     def wait(self) -> None:
         t = self._transport  # no yield first: blocking runs what is due, then wakes us
@@ -46,10 +46,17 @@ class SimHandle:
             t.scheduler.block(t.rank)
         if self._out is None:
             return
-        if self._released:  # the result is shaped as what the worker brought
-            self._out.set_(self._op.result.clone())
+        result = self._op.result
+        if self._average:  # divided as it is handed back: one pass over it, not two
+            n = len(t.members())
+            if self._released:
+                self._out.set_(torch.div(result, n))
+            else:
+                torch.div(result, n, out=self._out)
+        elif self._released:  # the result is shaped as what the worker brought
+            self._out.set_(result.clone())
         else:
-            self._out.copy_(self._op.result)
+            self._out.copy_(result)
         self._out = None
 
 
@@ -114,10 +121,10 @@ class SimTransport:
         self.bytes_sent = 0
         self.bytes_received = 0
         self._seq = 0
-        self._asked: list[tuple[torch.Tensor, _Deferred]] | None = None  # on a lane: replayed
+        self._asked: list[tuple[torch.Tensor, bool, _Deferred]] | None = None  # on a lane: replayed
 
     def _collective(self, tensor: torch.Tensor, kind: str, size: int, combine: str | int,
-                    out: torch.Tensor | None) -> SimHandle:
+                    out: torch.Tensor | None, average: bool = False) -> SimHandle:
         # no scheduling point: what a worker brings does not depend on what else is due
         give = combine == "sum" and out is tensor and _sole_user(tensor)
         op = self.fabric.arrive(self._seq, self.rank, tensor,
@@ -125,19 +132,20 @@ class SimTransport:
         self._seq += 1
         if give:
             tensor.set_()  # its memory is the collective's now (a part held) or free again
-        return SimHandle(self, op, out, give)
+        return SimHandle(self, op, out, give, average)
 
-    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False,
+                   average: bool = False) -> Handle:
         if self._asked is not None:  # from this worker's compute lane: replayed in offload
             if not async_op:
                 raise RuntimeError("a blocking all-reduce during a simulated worker's "
                                    "backward: only asynchronous ones can be replayed")
             deferred = _Deferred()
-            self._asked.append((tensor, deferred))
+            self._asked.append((tensor, average, deferred))
             return deferred
         size, n = nbytes(tensor), self.world_size
         self._count(ring_allreduce_bytes(size, n), ring_allreduce_bytes(size, n))
-        handle = self._collective(tensor, "allreduce", size, "sum", tensor)
+        handle = self._collective(tensor, "allreduce", size, "sum", tensor, average)
         if not async_op:
             handle.wait()
         return handle
@@ -385,8 +393,8 @@ class SimTransport:
                 result = done.result()
             finally:
                 asked, self._asked = self._asked, None
-        for tensor, deferred in asked:
-            deferred.handle = self.all_reduce(tensor, async_op=True)
+        for tensor, average, deferred in asked:
+            deferred.handle = self.all_reduce(tensor, async_op=True, average=average)
         return result
 
     def off_clock(self) -> None:
