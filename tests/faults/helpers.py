@@ -8,7 +8,8 @@ def assert_joined_from_a_live_state(out, rank: int, joined: int, steps: int,
                                     since: int) -> None:
     """After step `since`, `rank`'s rows are the new process's: steps joined + 1 to `steps`
     (the lost one's last lines, not yet flushed, died with it); it sent and received; its
-    first loss is the live model's (a fresh MLP's on digits is about 2.3)."""
+    first loss is the live model's: well under a fresh MLP's on digits (about 2.3). One
+    batch's loss of a live model is noisy: 0.5 was once too tight (ltfb, joined at step 53)."""
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     assert [r["step"] for r in rows if r["rank"] == rank and r["step"] > since] == [
         *range(joined + 1, steps + 1)]
@@ -16,4 +17,4 @@ def assert_joined_from_a_live_state(out, rank: int, joined: int, steps: int,
     assert sum(r["bytes_sent"] for r in after) > 0 and sum(r["bytes_received"] for r in after)
     first = next(r for r in rows if r["rank"] == rank and r["step"] == joined + 1)
     fresh = next(r for r in rows if r["rank"] == 0 and r["step"] == 1)
-    assert first["loss"] < 0.5 < fresh["loss"]
+    assert first["loss"] < fresh["loss"] / 2, (first["loss"], fresh["loss"])
