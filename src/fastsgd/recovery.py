@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 def recover(loop: Loop, error: GroupBroken) -> int:
     """After `error`: shrink, agree, catch up; returns the step to go on from. Retried if
     another worker dies meanwhile."""
+    loop.t.await_deferred()  # the model is read
     while True:
         try:
             return _recover(loop, error)

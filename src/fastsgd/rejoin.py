@@ -54,6 +54,7 @@ def donate(loop: Loop, step: int, joins: list[tuple[int, int]]) -> None:
         if not at or at != step or donor != loop.rank or (joiner, at) in loop.donated:
             continue
         loop.donated.add((joiner, at))
+        loop.t.await_deferred()  # the model is read
         if (os.environ.get("FASTSGD_TEST_KILL_DONOR") == str(loop.rank)
                 and loop.t.joining is None):  # fault tests: a donor that dies first
             os.kill(os.getpid(), signal.SIGKILL)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 def finish(loop: Loop, wall_time: float) -> dict[str, Any] | None:
     """Collective: the last evaluation if it is due, the totals; the leader's summary."""
+    loop.t.await_deferred()  # the model is read
     end = loop.clock()
     if loop.evaluated != loop.steps:
         loop.evaluate(loop.steps)

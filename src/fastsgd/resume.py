@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 def save(loop: Loop, step: int) -> None:
     """A checkpoint after `step` steps, off the training clock."""
     loop.metrics.flush()
+    loop.t.await_deferred()  # the model is read
     began = loop.t.now()
     loop.replica.settle()
     loop.t.barrier()

@@ -366,6 +366,7 @@ class _Loop:
         """Simulated: hand the replica to the observer, for free (observe.py). Real: a
         collective, every worker joins and rank 0 evaluates; not training time: the clock
         stops once every worker has finished its step."""
+        self.t.await_deferred()  # the model is read
         if self.plan.observer is not None:
             self.evaluated = step
             self.plan.observer.hand_in(step, self.rank, self.model, self.clock(), self.wall(),

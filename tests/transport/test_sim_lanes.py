@@ -2,6 +2,9 @@
 beside the scheduler, the same bits (test_sim_determinism.py runs every strategy with and
 without them), and none where the order of computing would matter."""
 
+import threading
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -9,7 +12,7 @@ from torch import nn
 import fastsgd as fs
 from fastsgd.job import compute_lanes
 from fastsgd.transport.sim import ComputeModel
-from fastsgd.transport.sim.lanes import draws_random
+from fastsgd.transport.sim.lanes import Lanes, LaneUser, draws_random
 
 FIXED = {"compute.model": "fixed", "compute.step_time": "3ms", "run.steps": 6,
          "run.eval_every": 0, "data.batch_size": 16}
@@ -68,6 +71,35 @@ def test_an_error_in_the_users_step_reads_the_same_on_a_lane(digits, tmp_path):
         errors.append((type(failed.value), str(failed.value)))
     assert errors[0] == errors[1]
     assert "the user's step is broken" in errors[0][1]
+
+
+def test_deferred_work_is_done_before_the_workers_next_compute_and_meanwhile_it_goes_on():
+    lanes = Lanes(2)
+    try:
+        user, done, went_on = LaneUser(lanes), threading.Event(), []
+        user.defer(lambda: (time.sleep(0.05), done.set()))
+        went_on.append(done.is_set())  # the worker went on while its lane mixed
+        seen = user.offload(lambda charged: done.is_set(), lambda: None, lambda: None,
+                            lambda tensor, average: None)
+        assert went_on == [False] and seen  # on the other lane, it waited all the same
+        assert user.pending is None
+    finally:
+        lanes.close()
+
+
+def test_deferred_work_raises_where_it_is_awaited_and_is_done_in_place_without_lanes():
+    lanes = Lanes(1)
+    try:
+        user = LaneUser(lanes)
+        user.defer(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            user.await_deferred()
+        user.await_deferred()  # raised once; nothing is left
+    finally:
+        lanes.close()
+    done = []
+    LaneUser(None).defer(lambda: done.append(1))
+    assert done == [1]
 
 
 @pytest.fixture(scope="module")

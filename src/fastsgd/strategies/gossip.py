@@ -172,9 +172,10 @@ def mix(params: Params, topology: Topology, ctx: Context) -> None:
         break
     # summed in the order of `weights` straight into the parameters, tensor by tensor: the
     # terms are not to be changed (the simulator shares `local`, the flat copy sent, with
-    # its receivers), and no model-sized vector to copy back
-    mix_into(params, [(local if peer == t.rank else received[peer], weight)
-                      for peer, weight in weights])
+    # its receivers), and no model-sized vector to copy back. Only this worker's next step
+    # reads the result: the simulator may compute it on a lane meanwhile (transport.defer)
+    terms = [(local if peer == t.rank else received[peer], weight) for peer, weight in weights]
+    t.defer(lambda: mix_into(params, terms))
 
 
 def auto_gamma(codec: Compressor, like: torch.Tensor) -> float:

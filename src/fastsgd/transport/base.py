@@ -154,6 +154,17 @@ class Transport(Protocol):
         compute lane while other workers run (sim/lanes.py)."""
         ...
 
+    def defer(self, work: Callable[[], None]) -> None:
+        """`work()`, which writes only what this worker's own next compute reads (a gossip
+        mix into its parameters). Real: now. The simulator may run it on a compute lane,
+        to be done before this worker's next `offload`; whoever reads what it writes before
+        that calls `await_deferred()` first."""
+        ...
+
+    def await_deferred(self) -> None:
+        """Deferred work is done (no-op when real)."""
+        ...
+
 
 def nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()

@@ -329,6 +329,12 @@ class TorchTransport(Membership):
                 charge: Callable[[], None]) -> Any:
         return work(charge)
 
+    def defer(self, work: Callable[[], None]) -> None:
+        work()
+
+    def await_deferred(self) -> None:
+        """Nothing is deferred on real processes."""
+
     def close(self) -> None:
         """Stop the messenger and destroy this transport's group, and the default group if
         the transport made it (one the user made before `connect()` stays theirs)."""

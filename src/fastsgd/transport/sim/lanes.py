@@ -20,6 +20,12 @@ any of them gets no lanes (`job.py`): a step that draws from torch's global rand
 generator (dropout: the draws would interleave), workers that share their parameters
 (hogwild: one's update would race another's forward), and measured compute (the wall time
 is the charge).
+
+A strategy's own passes over the model (a gossip mix) run on the scheduler's thread
+between transport calls, and at hundreds of workers they were most of its time. What only
+the worker's next compute needs goes to a lane too (`Transport.defer`): the worker goes on,
+its next offloaded compute starts once the deferred work is done, and whatever reads the
+model before that (evaluation, checkpoints, a donation, the end) calls `await_deferred()` first.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
+
+Replay = Callable[[torch.Tensor, bool], Any]  # an all-reduce asked on a lane: its handle
 
 
 def cores() -> int:
@@ -68,6 +76,72 @@ class Lanes:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+class Deferred:
+    """The handle of an all-reduce asked for on a compute lane (a backward hook): the
+    collective itself starts when the worker's offload replays it."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+
+    def wait(self) -> None:
+        assert self.handle is not None, "an all-reduce of a compute lane waited before replay"
+        self.handle.wait()
+
+
+def _after(prior: Future | None, work: Callable[[], Any]) -> Any:
+    """`work()` once `prior` (submitted before it: already taken by a lane, so waiting on
+    it cannot deadlock the pool) is done."""
+    if prior is not None:
+        prior.result()
+    return work()
+
+
+class LaneUser:
+    """One simulated worker's use of the lanes (None: no lanes, all is done in place).
+    `asked` records what its work on a lane asks of the transport (SimTransport.all_reduce);
+    `pending` is its deferred work, which its next offloaded work waits for."""
+
+    def __init__(self, lanes: Lanes | None):
+        self.lanes = lanes
+        self.asked: list[tuple[torch.Tensor, bool, Deferred]] | None = None
+        self.pending: Future | None = None
+
+    def offload(self, work: Callable[[Callable[[], None]], Any], charge: Callable[[], None],
+                sleep: Callable[[], None], replay: Replay) -> Any:
+        """`work(charged)` (Transport.offload); `sleep()` lets the others run till the
+        worker's clock; `replay` asks for what `work` asked for on its lane, in order."""
+        if self.lanes is None:
+            return work(lambda: (charge(), sleep()))
+        prior, self.pending = self.pending, None
+        self.asked = []
+        done = self.lanes.submit(lambda: _after(prior, lambda: work(lambda: None)))
+        try:
+            charge()
+            sleep()
+        finally:  # also when the worker crashes or the run stops: its lane is done with it
+            try:
+                result = done.result()
+            finally:
+                asked, self.asked = self.asked, None
+        for tensor, average, deferred in asked:
+            deferred.handle = replay(tensor, average)
+        return result
+
+    def defer(self, work: Callable[[], None]) -> None:
+        """Transport.defer: on a lane, after this worker's earlier deferred work."""
+        if self.lanes is None:
+            work()
+            return
+        prior = self.pending
+        self.pending = self.lanes.submit(lambda: _after(prior, work))
+
+    def await_deferred(self) -> None:
+        """Wait for the deferred work (and raise what it raised)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
 
 
 def draws_random(step: Callable[[], torch.Tensor]) -> bool:

@@ -28,6 +28,7 @@ from fastsgd.transport.frames import frame_bytes
 from fastsgd.transport.sim.collective import Collective
 from fastsgd.transport.sim.fabric import SimFabric
 from fastsgd.transport.sim.faults import Crashed
+from fastsgd.transport.sim.lanes import Deferred, LaneUser
 
 
 class SimHandle:
@@ -76,18 +77,6 @@ def _sole_user(tensor: torch.Tensor) -> bool:
     return _use_count(tensor.untyped_storage()._cdata) == 2  # the tensor, the query's own
 
 
-class _Deferred:
-    """The handle of an all-reduce asked for on a compute lane (a backward hook): the
-    collective itself starts when the worker replays it (SimTransport.offload)."""
-
-    def __init__(self) -> None:
-        self.handle: Handle | None = None
-
-    def wait(self) -> None:
-        assert self.handle is not None, "an all-reduce of a compute lane waited before replay"
-        self.handle.wait()
-
-
 class _Left:
     """A posted message's handle: `wait()` returns once it is past the sender's uplink (the
     worker waits as a blocking send would, without computing)."""
@@ -121,7 +110,7 @@ class SimTransport:
         self.bytes_sent = 0
         self.bytes_received = 0
         self._seq = 0
-        self._asked: list[tuple[torch.Tensor, bool, _Deferred]] | None = None  # on a lane: replayed
+        self.lane = LaneUser(fabric.lanes)
 
     def _collective(self, tensor: torch.Tensor, kind: str, size: int, combine: str | int,
                     out: torch.Tensor | None, average: bool = False) -> SimHandle:
@@ -136,12 +125,12 @@ class SimTransport:
 
     def all_reduce(self, tensor: torch.Tensor, async_op: bool = False,
                    average: bool = False) -> Handle:
-        if self._asked is not None:  # from this worker's compute lane: replayed in offload
+        if self.lane.asked is not None:  # from this worker's compute lane: replayed in offload
             if not async_op:
                 raise RuntimeError("a blocking all-reduce during a simulated worker's "
                                    "backward: only asynchronous ones can be replayed")
-            deferred = _Deferred()
-            self._asked.append((tensor, average, deferred))
+            deferred = Deferred()
+            self.lane.asked.append((tensor, average, deferred))
             return deferred
         size, n = nbytes(tensor), self.world_size
         self._count(ring_allreduce_bytes(size, n), ring_allreduce_bytes(size, n))
@@ -380,22 +369,17 @@ class SimTransport:
         compute lanes (lanes.py) `work` runs on one while the scheduler goes on, and what
         it asked of this transport (backward hooks' all-reduces) is replayed here once it is
         done: the scheduler sees the same calls in the same order either way."""
-        lanes = self.fabric.lanes
-        if lanes is None:
-            return work(lambda: (charge(), self.scheduler.yield_(self.rank)))
-        self._asked = []
-        done = lanes.submit(lambda: work(lambda: None))
-        try:
-            charge()
-            self.scheduler.yield_(self.rank)
-        finally:  # also when the worker crashes or the run stops: its lane is done with it
-            try:
-                result = done.result()
-            finally:
-                asked, self._asked = self._asked, None
-        for tensor, average, deferred in asked:
-            deferred.handle = self.all_reduce(tensor, async_op=True, average=average)
-        return result
+        return self.lane.offload(
+            work, charge, lambda: self.scheduler.yield_(self.rank),
+            lambda tensor, average: self.all_reduce(tensor, async_op=True, average=average))
+
+    def defer(self, work: Callable[[], None]) -> None:
+        """On a compute lane if there are lanes, done before this worker's next offloaded
+        compute or `await_deferred()` (lanes.py); else now."""
+        self.lane.defer(work)
+
+    def await_deferred(self) -> None:
+        self.lane.await_deferred()
 
     def off_clock(self) -> None:
         """Do not charge the time since the last transport call (evaluation, logging)."""
