@@ -41,7 +41,7 @@ from fastsgd.supervise import supervise
 from fastsgd.transport.rendezvous import peer_gone
 from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
 from fastsgd.transport.sim.compute import compute_model
-from fastsgd.transport.sim.lanes import cores, draws_random
+from fastsgd.transport.sim.lanes import ahead_for, cores, draws_random
 from fastsgd.transport.torch_dist import TorchTransport
 from fastsgd.worker import EvalFn, Plan, StepFn, evaluate_classifier, train
 
@@ -211,9 +211,10 @@ class Job:
                                  lambda m: plan.evaluate(m, plan.dataset, torch.device("cpu")),
                                  EvalLog(plan.run_dir / "eval.jsonl",
                                          plan.config["run"]["target_accuracy"]))
+        lanes, ahead = compute_lanes(plan, model)
         with interrupt.simulated(n) as stop:
             simulate(n, lambda t: train(plan, t), net, model, faults, plan.observer.crashed,
-                     plan.total_steps(n), compute_lanes(plan, model))
+                     plan.total_steps(n), lanes, ahead)
         if 0 < stop.stop_at.value < plan.total_steps(n):  # Ctrl-C: checkpoints written
             step = stop.stop_at.value
             raise Interrupted(f"interrupted: every worker stopped after step {step} and wrote "
@@ -367,18 +368,21 @@ def _check_compute(section: dict, workers: int, seed: int) -> None:
         compute_model(section, seed)
 
 
-def compute_lanes(plan: Plan, compute: ComputeModel) -> int:
-    """Compute lanes for a simulation (transport/sim/lanes.py): none where the order of
-    computing would change the run (measured compute, workers that share their parameters,
-    a step that draws random numbers)."""
+def compute_lanes(plan: Plan, compute: ComputeModel) -> tuple[int, int]:
+    """Compute lanes for a simulation and how far ahead they may compute
+    (transport/sim/lanes.py): none where the order of computing would change the run
+    (measured compute, workers that share their parameters, a step that draws random
+    numbers)."""
     lanes = plan.config["compute"]["lanes"]
     lanes = cores() if lanes < 0 else lanes
     if not lanes or not compute.deterministic or getattr(plan.strategy, "HOST_MEMORY", False):
-        return 0
+        return 0, 0
     with torch.random.fork_rng(devices=[]):
         model = plan.make_model()
         batch = plan.shard(0, plan.config["run"]["workers"]).batch(0)
-        return 0 if draws_random(lambda: plan.step(model, batch)) else lanes
+        if draws_random(lambda: plan.step(model, batch)):
+            return 0, 0
+    return lanes, ahead_for(model, lanes)
 
 
 def _result(run_dir: Path, failures: list[dict[str, Any]] | None = None) -> Result:

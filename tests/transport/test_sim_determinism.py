@@ -58,6 +58,18 @@ def test_same_config_same_bits(strategy, synthetic, tmp_path):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
 
 
+@pytest.mark.parametrize("strategy", ["allreduce", "dpsgd", "sgp"])
+def test_lanes_that_may_compute_only_one_worker_ahead_give_the_same_bits(strategy, synthetic,
+                                                                        tmp_path, monkeypatch):
+    """Lanes compute at most `ahead` workers' steps ahead of the scheduler, the others in
+    place (lanes.ahead_for: memory): which ones go where changes nothing."""
+    first = _run(synthetic, tmp_path / "a", strategy, **{"compute.lanes": 0})
+    monkeypatch.setattr("fastsgd.job.ahead_for", lambda model, lanes: 1)
+    second = _run(synthetic, tmp_path / "b", strategy, **{"compute.lanes": 2})
+    for name in FILES:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
 def test_the_seed_changes_the_draws(synthetic, tmp_path):
     """Not a constant: another seed gives other stragglers, noise and jitter."""
     first = _run(synthetic, tmp_path / "a", "sgp")

@@ -54,7 +54,7 @@ def test_lanes_only_where_the_order_of_computing_changes_nothing(digits, tmp_pat
                                                                  strategy, kind, lanes):
     plan = _plan(digits, tmp_path, model, **{"strategy.name": strategy,
                                              "compute.lanes": 2})
-    assert compute_lanes(plan, ComputeModel(kind)) == lanes
+    assert compute_lanes(plan, ComputeModel(kind))[0] == lanes
 
 
 def test_an_error_in_the_users_step_reads_the_same_on_a_lane(digits, tmp_path):
@@ -83,6 +83,24 @@ def test_deferred_work_is_done_before_the_workers_next_compute_and_meanwhile_it_
                             lambda tensor, average: None)
         assert went_on == [False] and seen  # on the other lane, it waited all the same
         assert user.pending is None
+    finally:
+        lanes.close()
+
+
+def test_no_more_than_ahead_computations_are_out_the_next_is_done_in_place():
+    lanes = Lanes(2, ahead=1)
+    try:
+        first, second, threads = LaneUser(lanes), LaneUser(lanes), {}
+
+        def other_worker_runs():  # while the first worker's compute is out, on a lane
+            second.offload(lambda charged: threads.setdefault("second", threading.current_thread()),
+                           lambda: None, lambda: None, lambda tensor, average: None)
+
+        first.offload(lambda charged: threads.setdefault("first", threading.current_thread()),
+                      lambda: None, other_worker_runs, lambda tensor, average: None)
+        assert threads["first"] is not threading.current_thread()
+        assert threads["second"] is threading.current_thread()
+        assert lanes.out == 0
     finally:
         lanes.close()
 

@@ -24,7 +24,7 @@ __all__ = ["ComputeModel", "Faults", "Heterogeneity", "Network", "SimAborted", "
 def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Network | None = None,
              compute: ComputeModel | None = None, faults: Faults | None = None,
              on_death: Callable[[Callable[[int], int]], None] | None = None,
-             steps: int | None = None, lanes: int = 0) -> list[Any]:
+             steps: int | None = None, lanes: int = 0, ahead: int = 0) -> list[Any]:
     """Run `fn(transport)` for each of `world_size` logical workers; return their results
     (None for a worker that crashed).
 
@@ -32,7 +32,8 @@ def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Networ
     `faults`, which workers crash (faults.py); `on_death(handing_in)` is called at each crash
     and each return, with a function that says how many workers hand in their model at a
     step. `steps`: the run's, where a lost worker is replaced (run.rejoin: rejoins.py).
-    `lanes`: threads that compute beside the scheduler (lanes.py; modeled compute only).
+    `lanes`: threads that compute beside the scheduler (lanes.py; modeled compute only),
+    with at most `ahead` computations out at once (0: any number).
     """
     compute = compute or ComputeModel()
     network = network or Network()
@@ -42,7 +43,7 @@ def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Networ
     factors = None if compute.deterministic else [compute.factor(r, 0, 0)
                                                   for r in range(world_size)]
     scheduler = Scheduler(world_size, factors)
-    pool = Lanes(lanes) if lanes and compute.deterministic else None
+    pool = Lanes(lanes, ahead) if lanes and compute.deterministic else None
     fabric = SimFabric(world_size, network, scheduler, compute, faults, pool)
     if on_death is not None:
         fabric.on_death.append(lambda: on_death(fabric.membership.handing_in))
