@@ -90,19 +90,35 @@ def test_deferred_work_is_done_before_the_workers_next_compute_and_meanwhile_it_
 def test_no_more_than_ahead_computations_are_out_the_next_is_done_in_place():
     lanes = Lanes(2, ahead=1)
     try:
-        first, second, threads = LaneUser(lanes), LaneUser(lanes), {}
+        first, second, threads, started = LaneUser(lanes), LaneUser(lanes), {}, threading.Event()
+
+        def first_work(charged):
+            threads["first"] = threading.current_thread()
+            started.set()
 
         def other_worker_runs():  # while the first worker's compute is out, on a lane
-            second.offload(lambda charged: threads.setdefault("second", threading.current_thread()),
+            started.wait()
+            second.offload(lambda charged: threads.setdefault("second",
+                                                              threading.current_thread()),
                            lambda: None, lambda: None, lambda tensor, average: None)
 
-        first.offload(lambda charged: threads.setdefault("first", threading.current_thread()),
-                      lambda: None, other_worker_runs, lambda tensor, average: None)
+        first.offload(first_work, lambda: None, other_worker_runs, lambda tensor, average: None)
         assert threads["first"] is not threading.current_thread()
-        assert threads["second"] is threading.current_thread()
-        assert lanes.out == 0
+        assert threads["second"] is threading.current_thread()  # no lane would start it
+        assert lanes.held == 0
     finally:
         lanes.close()
+
+
+def test_work_that_frees_memory_goes_before_work_that_makes_it():
+    lanes, order, busy, go = Lanes(1), [], threading.Event(), threading.Event()
+    lanes.submit(lambda: (busy.set(), go.wait(), order.append("first forward")), heavy=True)
+    busy.wait()  # the lane is in it
+    lanes.submit(lambda: order.append("second forward"), heavy=True)
+    lanes.submit(lambda: order.append("an update"))
+    go.set()
+    lanes.close()  # the lane does what it was given, then stops
+    assert order == ["first forward", "an update", "second forward"]
 
 
 def test_deferred_work_raises_where_it_is_awaited_and_is_done_in_place_without_lanes():

@@ -31,8 +31,9 @@ model before that (evaluation, checkpoints, a donation, the end) calls `await_de
 from __future__ import annotations
 
 import os
+import threading
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -50,47 +51,122 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def _threads_like_the_scheduler() -> None:
-    """Torch tells MKL its thread count per thread (mkl_set_num_threads_local): a new
-    thread's MKL would use every core, and split its products differently from the
-    scheduler's (other bits). Set on the lane what the simulator set for the run."""
-    torch.set_num_threads(torch.get_num_threads())
-
-
 AHEAD_BYTES = 256 * 2**20  # what lanes may compute ahead of the scheduler, in gradients
 
 
 def ahead_for(model: torch.nn.Module, lanes: int) -> int:
-    """How many offloaded computations may be out at once (Lanes.ahead): a worker's forward +
-    backward on a lane is done as soon as a lane is free, not when the worker's turn comes,
-    and its gradients live until its update. Without lanes, sgp's gradients lived only
-    from a worker's backward to its update, one worker at a time; 1024 workers whose
-    gradients were all computed ahead took 0.85 GiB more. About AHEAD_BYTES of gradients."""
+    """Lanes.ahead: about AHEAD_BYTES of gradients. A lane computes a worker's forward +
+    backward as soon as it can, not when the worker's turn comes, and the gradients live
+    until the worker's update: 1024 sgp workers whose gradients were all computed ahead
+    took 0.85 GiB more than without lanes, where each lived from one worker's backward to
+    its update."""
     size = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return max(4 * lanes, AHEAD_BYTES // max(size, 1))
 
 
+class Task:
+    """Work handed to the lanes. `result()` waits for it, or does it in place when no lane
+    has started it (the lanes may be holding back: Lanes.ahead)."""
+
+    def __init__(self, lanes: Lanes, work: Callable[[], Any], heavy: bool):
+        self._lanes, self._work, self.heavy = lanes, work, heavy
+        self._grad = torch.is_grad_enabled()  # thread-local in torch: as the worker has it
+        self.started = False  # under the lanes' lock
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with torch.set_grad_enabled(self._grad):
+                self._value = self._work()
+        except BaseException as e:  # noqa: BLE001 - raised where the result is taken
+            self._error = e
+        finally:
+            self._done.set()
+
+    def result(self) -> Any:
+        if self._lanes.claim(self):
+            self.run()
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 class Lanes:
-    """`count` threads that compute what workers hand them, first come first served, with
-    at most `ahead` results not yet taken (0: any number; more are computed in place)."""
+    """`count` threads beside the scheduler's that do what workers hand them. Work that
+    frees memory (an update, deferred work) goes first; work that makes it (forward +
+    backward: `heavy`) in the order given, with at most `ahead` of it started and its
+    result not yet taken (0: any number)."""
 
     def __init__(self, count: int, ahead: int = 0):
         self.count, self.ahead = count, ahead
-        self.out = 0  # handed to a lane and not yet taken back (the scheduler's thread's)
-        self._pool = ThreadPoolExecutor(count, thread_name_prefix="fastsgd-lane",
-                                        initializer=_threads_like_the_scheduler)
+        self.held = 0  # heavy tasks started and not yet taken
+        self._light: deque[Task] = deque()
+        self._heavy: deque[Task] = deque()
+        self._cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
 
-    def submit(self, work: Callable[[], Any]) -> Future:
-        grad = torch.is_grad_enabled()  # thread-local in torch: as the worker has it
+    def submit(self, work: Callable[[], Any], heavy: bool = False) -> Task:
+        task = Task(self, work, heavy)
+        with self._cond:
+            (self._heavy if heavy else self._light).append(task)
+            if len(self._threads) < self.count:  # started once the simulator set its threads
+                lane = threading.Thread(target=self._lane, args=(torch.get_num_threads(),),
+                                        name=f"fastsgd-lane_{len(self._threads)}", daemon=True)
+                lane.start()
+                self._threads.append(lane)
+            self._cond.notify()
+        return task
 
-        def run() -> Any:
-            with torch.set_grad_enabled(grad):
-                return work()
+    def _lane(self, threads: int) -> None:
+        # torch tells MKL its thread count per thread (mkl_set_num_threads_local): a new
+        # thread's MKL would use every core, and split its products differently from the
+        # scheduler's (other bits). Set on the lane what the simulator set for the run.
+        torch.set_num_threads(threads)
+        while True:
+            with self._cond:
+                task = self._next()
+                while task is None:
+                    if self._closed:
+                        return
+                    self._cond.wait()
+                    task = self._next()
+                task.started = True
+            task.run()
 
-        return self._pool.submit(run)
+    def _next(self) -> Task | None:
+        if self._light:
+            return self._light.popleft()
+        if self._heavy and (not self.ahead or self.held < self.ahead):
+            self.held += 1
+            return self._heavy.popleft()
+        return None
+
+    def claim(self, task: Task) -> bool:
+        """Take `task` to do it in place, unless a lane has started it."""
+        with self._cond:
+            if task.started:
+                return False
+            (self._heavy if task.heavy else self._light).remove(task)
+            task.started = True
+            self.held += task.heavy
+            return True
+
+    def taken(self) -> None:
+        """A heavy task's result was taken: another may start."""
+        with self._cond:
+            self.held -= 1
+            self._cond.notify()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for lane in self._threads:
+            lane.join()
 
 
 class Deferred:
@@ -105,9 +181,8 @@ class Deferred:
         self.handle.wait()
 
 
-def _after(prior: Future | None, work: Callable[[], Any]) -> Any:
-    """`work()` once `prior` (submitted before it: already taken by a lane, so waiting on
-    it cannot deadlock the pool) is done."""
+def _after(prior: Task | None, work: Callable[[], Any]) -> Any:
+    """`work()` once `prior` (this worker's deferred work, handed over before) is done."""
     if prior is not None:
         prior.result()
     return work()
@@ -116,34 +191,38 @@ def _after(prior: Future | None, work: Callable[[], Any]) -> Any:
 class LaneUser:
     """One simulated worker's use of the lanes (None: no lanes, all is done in place).
     `asked` records what its work on a lane asks of the transport (SimTransport.all_reduce);
-    `pending` is its deferred work, which its next offloaded work waits for."""
+    `pending` is its deferred work, which its next offloaded work waits for. A worker's
+    offloads alternate: forward + backward make its gradients (heavy), the update after
+    them frees them."""
 
     def __init__(self, lanes: Lanes | None):
         self.lanes = lanes
         self.asked: list[tuple[torch.Tensor, bool, Deferred]] | None = None
-        self.pending: Future | None = None
+        self.pending: Task | None = None
+        self.holding = False  # took a heavy result; its next offload frees it
 
     def offload(self, work: Callable[[Callable[[], None]], Any], charge: Callable[[], None],
                 sleep: Callable[[], None], replay: Replay) -> Any:
         """`work(charged)` (Transport.offload); `sleep()` lets the others run till the
         worker's clock; `replay` asks for what `work` asked for on its lane, in order."""
         lanes = self.lanes
-        if lanes is None or lanes.ahead and lanes.out >= lanes.ahead:  # computed in place
-            self.await_deferred()
+        if lanes is None:
             return work(lambda: (charge(), sleep()))
+        heavy = not self.holding
         prior, self.pending = self.pending, None
         self.asked = []
-        done = lanes.submit(lambda: _after(prior, lambda: work(lambda: None)))
-        lanes.out += 1
+        task = lanes.submit(lambda: _after(prior, lambda: work(lambda: None)), heavy)
         try:
             charge()
             sleep()
         finally:  # also when the worker crashes or the run stops: its lane is done with it
             try:
-                result = done.result()
+                result = task.result()
             finally:
                 asked, self.asked = self.asked, None
-                lanes.out -= 1
+                if heavy:
+                    lanes.taken()
+        self.holding = heavy
         for tensor, average, deferred in asked:
             deferred.handle = replay(tensor, average)
         return result
