@@ -11,7 +11,8 @@ is overhead, and its memory per worker decides how many workers fit. Each config
 runs `Job.simulate` in a fresh subprocess (peak RSS is that process's VmHWM) on
 Fashion-MNIST, batch 32 per worker, SGD lr 0.05 momentum 0.9, evaluation at the end only.
 The same subprocess first times the bare step: forward, cross-entropy, backward and
-`optimizer.step()` on one model of the same kind, on the same batches, in a plain loop.
+`optimizer.step()` on one model of the same kind, on the same batches, in a plain loop,
+with the optimizer the simulated workers get (`[optimizer]`: torch's SGD, multi-tensor).
 dpsgd runs on the one-peer exponential graph (`strategy.topology = "onepeer"`, sgp's
 default). Wall and CPU seconds per worker-step are the simulation's (dataset loading
 excluded; setup and the final evaluation included) over workers x steps; the CPU column,
@@ -67,12 +68,15 @@ import torch
 import torch.nn.functional as F
 
 import fastsgd as fs
+from fastsgd.components import optimizer_from_config
 from fastsgd.config import parse_override
 from fastsgd.data import Dataset, Shard, load_dataset
 from fastsgd.models import build_model
 from fastsgd.transport.sim.lanes import cores
 
 BATCH, LR, MOMENTUM = 32, 0.05, 0.9
+SGD = optimizer_from_config({"name": "sgd", "lr": LR, "momentum": MOMENTUM, "nesterov": False,
+                             "weight_decay": 0.0})  # the optimizer the runs build
 STRATEGY_OPTIONS = {"dpsgd": {"strategy.topology": "onepeer"}}
 
 
@@ -110,7 +114,7 @@ def bare_step_ms(model_name: str, data: Dataset, replicas: int = 1, steps: int =
     step, as the simulator frees them: the fastest such loop is the floor."""
     torch.manual_seed(0)
     models = [make_model(model_name, data) for _ in range(replicas)]
-    optimizers = [torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM) for m in models]
+    optimizers = [SGD(m.parameters()) for m in models]  # the simulated workers' own
     shards = [Shard(data.train_x, data.train_y, BATCH, r, replicas, seed=0)
               for r in range(replicas)]
     steps = -(-steps // replicas) * replicas  # whole rounds over the replicas

@@ -1,6 +1,7 @@
 """A run's config.toml says what ran, also for objects given to the Python API, and re-running
 it repeats the run or refuses in one line."""
 
+import copy
 import subprocess
 import sys
 
@@ -173,3 +174,30 @@ def test_own_strategy_class_is_recorded_and_rebuilt(synthetic, tmp_path):
     a = torch.load(first.run_dir / "model.pt", weights_only=True)
     b = torch.load(again.run_dir / "model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("section", [
+    {"name": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4},
+    {"name": "sgd", "lr": 0.05, "momentum": 0.0, "nesterov": False, "weight_decay": 0.0},
+    {"name": "adam", "lr": 1e-3, "weight_decay": 1e-4}])
+def test_config_optimizers_take_the_bits_of_torchs_default_path(section, synthetic):
+    """sgd and adam from [optimizer] run torch's multi-tensor update (fewer calls per step):
+    the parameters are those of the optimizer as torch builds it by default, bit for bit."""
+    from fastsgd.components import optimizer_from_config
+
+    kwargs = {k: v for k, v in section.items() if k != "name"}
+    default = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}[section["name"]]
+    torch.manual_seed(0)
+    ours = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 10))
+    theirs = copy.deepcopy(ours)
+    steppers = [(ours, optimizer_from_config(section)(ours.parameters())),
+                (theirs, default(theirs.parameters(), **kwargs))]
+    assert steppers[0][1].defaults["foreach"] and not steppers[1][1].defaults["foreach"]
+    for k in range(4):
+        x, y = synthetic.train_x[32 * k:32 * (k + 1)], synthetic.train_y[32 * k:32 * (k + 1)]
+        for model, optimizer in steppers:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours.parameters(), theirs.parameters()))

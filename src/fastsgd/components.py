@@ -128,7 +128,11 @@ def model_argument(model: Any) -> Callable[[], torch.nn.Module] | None:
 
 
 def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
-    """The optimizer the [optimizer] section describes (state stays with each worker)."""
+    """The optimizer the [optimizer] section describes (state stays with each worker).
+    sgd and adam take torch's multi-tensor path (`foreach`), its default on GPUs only: on
+    a CPU it gives the single-tensor path's bits with fewer Python calls (an MLP's SGD
+    update took 0.46 ms instead of 0.66), which a simulator stepping hundreds of workers
+    pays on every one."""
     if is_import_path(section["name"]):
         cls = resolve(section["name"], "optimizer.name")
         kwargs = {k: tuple(v) if isinstance(v, list) else v
@@ -136,9 +140,9 @@ def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
         return lambda params: cls(params, **kwargs)
     lr, wd = section["lr"], section["weight_decay"]
     if section["name"] == "adam":
-        return lambda params: torch.optim.Adam(params, lr=lr, weight_decay=wd)
+        return lambda params: torch.optim.Adam(params, lr=lr, weight_decay=wd, foreach=True)
     momentum, nesterov = section["momentum"], section["nesterov"]
     if nesterov and momentum == 0:
         raise UserError("optimizer.nesterov = true needs optimizer.momentum > 0")
-    return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum,
-                                          weight_decay=wd, nesterov=nesterov)
+    return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd,
+                                          nesterov=nesterov, foreach=True)
