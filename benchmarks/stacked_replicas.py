@@ -14,6 +14,9 @@ replicas N this times, per replica-step, in ms:
 - vmap_grad: `torch.func.vmap(torch.func.grad(loss))` over parameters stacked N deep, then
   one momentum update of the stacks (its gradients are checked against each replica's own
   first);
+- vmap_restack: the replicas kept apart, as the simulator keeps its workers: their
+  parameters stacked for each step, `vmap(grad)`, each replica handed its gradients (views)
+  and stepped by its own optimizer;
 - vmap_autograd: `vmap(functional_call)` forward of the stacks, one backward through it;
 - bmm (MLP only): the same network written by hand with batched matrix products.
 
@@ -86,6 +89,17 @@ def measure(model: str, n: int, repeats: int) -> dict[str, float]:
     _check_same(models, optimizers, loss, grads_of(params, x, y), x, y)
     figures["vmap_grad"] = _per_step(lambda: _sgd(params, grads_of(params, x, y), moments),
                                      n, repeats)
+
+    def restacked_step() -> None:  # the replicas kept apart, stacked for each step only
+        stacked = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+                   for k in params}
+        grads = grads_of(stacked, x, y)
+        for i, (m, optimizer) in enumerate(zip(models, optimizers)):
+            for k, p in m.named_parameters():
+                p.grad = grads[k][i]
+            optimizer.step()
+
+    figures["vmap_restack"] = _per_step(restacked_step, n, repeats)
     leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
     forward = vmap(lambda p, xi: functional_call(base, p, (xi,)))
 
@@ -145,7 +159,7 @@ def main() -> int:
         return 0
     print(f"{machine['cpu']}, torch {machine['torch']}, one thread; ms per replica-step "
           "(x bare)")
-    columns = ["loop", "vmap_grad", "vmap_autograd", "bmm"]
+    columns = ["loop", "vmap_grad", "vmap_restack", "vmap_autograd", "bmm"]
     print("| model | replicas | bare | " + " | ".join(columns) + " |")
     print("|---" * (3 + len(columns)) + "|")
     for r in rows:
