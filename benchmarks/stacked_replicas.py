@@ -90,12 +90,13 @@ def measure(model: str, n: int, repeats: int) -> dict[str, float]:
     figures["vmap_grad"] = _per_step(lambda: _sgd(params, grads_of(params, x, y), moments),
                                      n, repeats)
 
+    named = [dict(m.named_parameters()) for m in models]
+
     def restacked_step() -> None:  # the replicas kept apart, stacked for each step only
-        stacked = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
-                   for k in params}
-        grads = grads_of(stacked, x, y)
-        for i, (m, optimizer) in enumerate(zip(models, optimizers)):
-            for k, p in m.named_parameters():
+        grads = grads_of({k: torch.stack([ps[k].detach() for ps in named]) for k in params},
+                         x, y)
+        for i, (ps, optimizer) in enumerate(zip(named, optimizers)):
+            for k, p in ps.items():
                 p.grad = grads[k][i]
             optimizer.step()
 
