@@ -5,6 +5,8 @@ import torch
 
 from fastsgd.compress import build_compressor
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
+from fastsgd.compress.wire import pack, unpack, unpack_rows
+from fastsgd.errors import UserError
 from fastsgd.transport.base import ring_allreduce_bytes
 from fastsgd.transport.sim import simulate
 from tests.compress.helpers import FP32, NUMEL, gradient
@@ -91,3 +93,40 @@ def test_error_feedback_in_the_collective_loses_nothing(name):
     sent = WORKERS * runs[0][0].sum(0)
     truth = WORKERS * sum(true_mean(s) for s in range(steps))
     assert torch.allclose(sent + held, truth, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["onebit", "sign"])
+@pytest.mark.parametrize("numel", [1, 7, 255, 256, 257, 1000, 3001])
+def test_payloads_decoded_as_rows_are_each_payloads_own_bits(name, numel):
+    """decode_rows (all workers' chunks at once) against decode, one payload at a time:
+    the same bits, zeros' signs included, whether or not buckets and bytes divide the
+    chunk."""
+    codec = build_compressor({"name": name, "error_feedback": False})
+    like = torch.zeros(numel)
+    tensors = [torch.randn(numel) * 10.0 ** (k - 1) for k in range(3)]
+    tensors[1][: numel // 2] = 0.0
+    tensors[2][::3] = -0.0
+    buffers = [pack(codec.compress(t)) for t in tensors]
+    rows = codec.decode_rows(unpack_rows(buffers, codec.FIELDS), like)
+    assert rows.shape == (3, numel)
+    for row, buffer in zip(rows, buffers):
+        alone = codec.decode(unpack(buffer, codec.FIELDS), like)
+        assert torch.equal(row.view(torch.int32), alone.view(torch.int32))
+
+
+def test_buffers_of_other_layouts_are_not_stacked():
+    codec = build_compressor({"name": "onebit"})
+    short, long = (pack(codec.compress(torch.randn(n))) for n in (100, 300))
+    assert unpack_rows([short, long], codec.FIELDS) is None
+    with pytest.raises(UserError, match="worker 2"):
+        unpack_rows([short[:-5], short[:-5]], codec.FIELDS, 2)
+
+
+@pytest.mark.parametrize("name", ["onebit", "sign"])
+def test_the_all_reduce_decoding_rows_gives_the_bits_of_decoding_each(name, monkeypatch):
+    batched = [r for r, _ in reduce_on_sim(name, steps=3)]
+    codec_class = type(build_compressor({"name": name}))
+    monkeypatch.delattr(codec_class, "decode_rows")
+    one_by_one = [r for r, _ in reduce_on_sim(name, steps=3)]
+    for a, b in zip(batched, one_by_one):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))

@@ -154,6 +154,28 @@ def by_bucket(flags: torch.Tensor, high: torch.Tensor, low: torch.Tensor,
     return out.view(high.dtype)
 
 
+def by_bucket_rows(flags: torch.Tensor, high: torch.Tensor, low: torch.Tensor,
+                   size: int) -> torch.Tensor:
+    """`by_bucket` of each row of flags (n, m) with its own row of high and low (n,
+    buckets): row r is by_bucket(flags[r], high[r], low[r], size), bit for bit, in a few
+    calls for all rows (a compressed all-reduce decodes a chunk from each worker)."""
+    n, m = flags.shape
+    itype = _INT[high.element_size()]
+    low = low.reshape(n, -1).view(itype)
+    diff = high.reshape(n, -1).view(itype) ^ low
+    out = torch.zeros(n, low.shape[1] * size, dtype=itype, device=flags.device)
+    out[:, :m] = flags
+    out.view(n, -1, size).mul_(diff.unsqueeze(2)).bitwise_xor_(low.unsqueeze(2))
+    return out[:, :m].view(high.dtype)
+
+
+def unpack_flag_rows(packed: torch.Tensor, m: int) -> torch.Tensor:
+    """The flags of each row of `packed` (n, bytes), each row packed by pack_bits from m
+    flags: (n, m) bools. Bytes unpack on their own, so all rows unpack as one."""
+    n = packed.shape[0]
+    return unpack_flags(packed.reshape(-1), packed.numel() * 8).view(n, -1)[:, :m]
+
+
 def blocks(tensor: torch.Tensor, size: int) -> torch.Tensor:
     """The elements of `tensor` as rows of `size` (the last one padded with zeros)."""
     x = tensor.reshape(-1)

@@ -26,9 +26,11 @@ from fastsgd.compress.base import Codec, Payload
 from fastsgd.compress.bits import (
     blocks,
     by_bucket,
+    by_bucket_rows,
     pack_bits,
     unpack_bits,
     unpack_bytes,
+    unpack_flag_rows,
     unpack_flags,
 )
 from fastsgd.options import Option, at_least
@@ -173,6 +175,14 @@ class OneBit(Codec):
         positive = unpack_flags(payload["bits"], like.numel())
         return by_bucket(positive, means[:, 0], means[:, 1], self.bucket).view_as(like)
 
+    def decode_rows(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
+        """Payloads of like's size whose fields are stacked as rows: (n, like.numel()), row
+        r the decode of payload r, bit for bit."""
+        n = payload["bits"].shape[0]
+        means = payload["means"].to(like.dtype).view(n, -1, 2)
+        positive = unpack_flag_rows(payload["bits"], like.numel())
+        return by_bucket_rows(positive, means[..., 0], means[..., 1], self.bucket)
+
 
 class Sign(Codec):
     name = "sign"
@@ -229,6 +239,12 @@ class Sign(Codec):
         positive = unpack_flags(payload["bits"], like.numel())
         scale = payload["scales"].to(like.dtype)
         return by_bucket(positive, scale, -scale, self.bucket).view_as(like)
+
+    def decode_rows(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
+        """As OneBit.decode_rows."""
+        positive = unpack_flag_rows(payload["bits"], like.numel())
+        scale = payload["scales"].to(like.dtype).view(positive.shape[0], -1)
+        return by_bucket_rows(positive, scale, -scale, self.bucket)
 
 
 class QSGD(Codec):

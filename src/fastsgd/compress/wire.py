@@ -62,6 +62,28 @@ def unpack(buffer: torch.Tensor, keys: list[str], sender: int | str = "?",
         raise UserError(f"malformed compressed payload from worker {sender}: {e}") from None
 
 
+def unpack_rows(buffers: Sequence[torch.Tensor], keys: list[str],
+                sender: int | str = "?") -> Payload | None:
+    """The payloads of `buffers` with each field stacked as rows (n, numel), for a codec
+    that decodes them at once; None unless all have one layout (the same header, so the
+    same length), where each must be unpacked alone (and a malformed one named by its
+    sender). `sender`: the first buffer's, whose header is checked."""
+    first = buffers[0]
+    if any(b.numel() != first.numel() for b in buffers):
+        return None
+    fields = unpack(first, keys, sender, copy=False)  # a malformed layout raises here
+    stacked = torch.stack(list(buffers))
+    offset = _WORD * (1 + 2 * len(keys))
+    if not bool((stacked[:, :offset] == stacked[0, :offset]).all()):
+        return None
+    out = {}
+    for key, field in fields.items():
+        size = field.numel() * field.element_size()
+        out[key] = stacked[:, offset:offset + size].contiguous().view(field.dtype)
+        offset += size
+    return out
+
+
 def _words(buffer: torch.Tensor, start: int, count: int) -> tuple[int, ...]:
     """`count` int64 words of `buffer` from byte `start` (native order, as `pack` wrote them)."""
     raw = bytes(buffer[start:start + _WORD * count].tolist())
