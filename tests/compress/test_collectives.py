@@ -122,11 +122,41 @@ def test_buffers_of_other_layouts_are_not_stacked():
         unpack_rows([short[:-5], short[:-5]], codec.FIELDS, 2)
 
 
-@pytest.mark.parametrize("name", ["onebit", "sign"])
-def test_the_all_reduce_decoding_rows_gives_the_bits_of_decoding_each(name, monkeypatch):
-    batched = [r for r, _ in reduce_on_sim(name, steps=3)]
+@pytest.mark.parametrize("error_feedback", [True, False])
+@pytest.mark.parametrize("numel", [1, 7, 255, 256, 257, 1000, 3001])
+def test_chunks_encoded_as_rows_are_each_chunks_own_payload_and_residual(numel,
+                                                                        error_feedback):
+    codec = build_compressor({"name": "onebit", "error_feedback": error_feedback})
+    chunks = torch.randn(3, numel) * torch.tensor([[0.1], [1.0], [10.0]])
+    chunks[1, : numel // 2] = 0.0
+    states = [codec.init(chunks[0]) for _ in range(3)]
+    for k, state in enumerate(states[1:] if error_feedback else []):  # left by earlier steps
+        state["residual"] += torch.randn(numel) * (k + 1)
+    alone = [dict(s, **{k: v.clone() for k, v in s.items()}) for s in states]
+    payloads = codec.encode_rows(chunks, states)
+    for chunk, payload, state, own in zip(chunks, payloads, states, alone):
+        expected = codec.encode(chunk, own)
+        assert payload.keys() == expected.keys()
+        assert all(torch.equal(payload[k], expected[k]) for k in expected)
+        assert state.keys() == own.keys()
+        assert all(torch.equal(state[k].view(torch.int32), own[k].view(torch.int32))
+                   for k in own)
+
+
+@pytest.mark.parametrize("name, one_at_a_time", [
+    ("onebit", ["decode_rows"]), ("onebit", ["encode_rows"]),
+    ("onebit", ["decode_rows", "encode_rows"]), ("sign", ["decode_rows"])])
+def test_the_all_reduce_on_rows_gives_the_bits_of_one_chunk_at_a_time(name, one_at_a_time,
+                                                                    monkeypatch):
+    """Results, bytes and the codec states workers end with (their residuals)."""
+    (batched, states) = reduce_on_sim(name, steps=3, with_states=True)
     codec_class = type(build_compressor({"name": name}))
-    monkeypatch.delattr(codec_class, "decode_rows")
-    one_by_one = [r for r, _ in reduce_on_sim(name, steps=3)]
-    for a, b in zip(batched, one_by_one):
-        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    for attribute in one_at_a_time:
+        monkeypatch.delattr(codec_class, attribute)
+    (alone, alone_states) = reduce_on_sim(name, steps=3, with_states=True)
+    for (a, sent_a), (b, sent_b) in zip(batched, alone):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)) and sent_a == sent_b
+    for rank, state in states.items():
+        for a, b in zip(state["scatter"] + [state["gather"]],
+                        alone_states[rank]["scatter"] + [alone_states[rank]["gather"]]):
+            assert torch.equal(a["residual"].view(torch.int32), b["residual"].view(torch.int32))

@@ -169,6 +169,15 @@ def by_bucket_rows(flags: torch.Tensor, high: torch.Tensor, low: torch.Tensor,
     return out[:, :m].view(high.dtype)
 
 
+def pack_flag_rows(flags: torch.Tensor) -> torch.Tensor:
+    """Each row of flags (n, m) packed as pack_bits packs it alone: (n, ceil(m / 8)) bytes,
+    each row's last byte zero-padded."""
+    n, m = flags.shape
+    padded = torch.zeros(n, -(-m // 8) * 8, dtype=torch.bool, device=flags.device)
+    padded[:, :m] = flags
+    return pack_bits(padded.reshape(-1)).view(n, -1)
+
+
 def unpack_flag_rows(packed: torch.Tensor, m: int) -> torch.Tensor:
     """The flags of each row of `packed` (n, bytes), each row packed by pack_bits from m
     flags: (n, m) bools. Bytes unpack on their own, so all rows unpack as one."""

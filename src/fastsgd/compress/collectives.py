@@ -83,7 +83,7 @@ def _scatter_gather(tensors: list[torch.Tensor], codec: Compressor,
     n, me = t.world_size, t.rank
     chunks = [_chunks(x.detach().reshape(-1), n) for x in tensors]
     mine = [c[me] for c in chunks]
-    parts = [[pack(codec.encode(c, s)) for c, s in zip(cs, state["scatter"])]
+    parts = [_encoded(codec, cs, state["scatter"])
              for cs, state in zip(chunks, states)]  # parts[tensor][destination]
     outgoing = [torch.cat([p[j] for p in parts]) for j in range(n)]
     peers = [j for j in range(n) if j != me]
@@ -95,6 +95,16 @@ def _scatter_gather(tensors: list[torch.Tensor], codec: Compressor,
     gathered = [_split(g, parts) for g in t.all_gather(torch.cat(parts))]
     return [_joined(_decoded(codec, [g[i] for g in gathered], mine[i], range(n))
                     )[:x.numel()].view_as(x) for i, x in enumerate(tensors)]
+
+
+def _encoded(codec: Compressor, chunks: torch.Tensor,
+             states: list[dict[str, Any]]) -> list[torch.Tensor]:
+    """Each chunk (a row of `chunks`) encoded with its own state and packed: all at once
+    where the codec can (`encode_rows`, the same bits)."""
+    rows = getattr(codec, "encode_rows", None)
+    if rows is None or len(chunks) < 2 or chunks.shape[1] == 0:
+        return [pack(codec.encode(c, s)) for c, s in zip(chunks, states)]
+    return [pack(p) for p in rows(chunks, states)]
 
 
 def _decode_sum(codec: Compressor, likes: list[torch.Tensor],
@@ -128,11 +138,12 @@ def _split(buffer: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]
     return list(buffer.split([len(b) for b in like]))
 
 
-def _chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
+def _chunks(flat: torch.Tensor, n: int) -> torch.Tensor:
+    """`flat` zero-padded and cut into n chunks of one size: the rows of the result."""
     size = -(-flat.numel() // n)
     padded = torch.zeros(size * n, dtype=flat.dtype, device=flat.device)
     padded[:flat.numel()] = flat
-    return list(padded.view(n, size))
+    return padded.view(n, size)
 
 
 def decode_buffer(codec: Compressor, buffer: torch.Tensor, like: torch.Tensor,

@@ -28,6 +28,7 @@ from fastsgd.compress.bits import (
     by_bucket,
     by_bucket_rows,
     pack_bits,
+    pack_flag_rows,
     unpack_bits,
     unpack_bytes,
     unpack_flag_rows,
@@ -149,13 +150,40 @@ class OneBit(Codec):
         bits = pack_bits(positive.view(-1)[:n])
         return {"bits": bits, "means": means}, positive
 
-    def _means(self, rows: torch.Tensor, count: torch.Tensor, n: int) -> torch.Tensor:
+    def encode_rows(self, chunks: torch.Tensor, states: list[dict[str, Any]]) -> list[Payload]:
+        """`encode` of each row of chunks (n, m) with its own state, all at once: row r's
+        payload and residual are those of encode(chunks[r], states[r]), bit for bit (the
+        chunks a compressed reduce-scatter sends, one per worker)."""
+        target = chunks.detach()
+        if self.error_feedback:
+            target = target + torch.stack([s["residual"] for s in states])
+        n, m = target.shape
+        size = self.bucket
+        buckets = -(-m // size)
+        padded = target if m == buckets * size else torch.cat(
+            [target, target.new_zeros(n, buckets * size - m)], 1)
+        rows = padded.reshape(n * buckets, size)
+        positive = (rows >= 0).view(n, -1)
+        positive[:, m:] = False
+        count = positive.view(n * buckets, size).view(torch.uint8).sum(1, dtype=torch.int32)
+        means = self._means(rows, count, m, chunks=n).view(n, -1)
+        positive = positive[:, :m]
+        if self.error_feedback:
+            pairs = means.to(target.dtype).view(n, -1, 2)  # as decode reads them
+            target.sub_(by_bucket_rows(positive, pairs[..., 0], pairs[..., 1], size))
+            for state, residual in zip(states, target):
+                state["residual"] = residual
+        return [{"bits": b, "means": mu} for b, mu in zip(pack_flag_rows(positive), means)]
+
+    def _means(self, rows: torch.Tensor, count: torch.Tensor, n: int,
+               chunks: int = 1) -> torch.Tensor:
         """The (non-negative, negative) mean pairs of the buckets (rows, the last padded
-        with zeros) of n elements, `count` of each non-negative (int32)."""
+        with zeros) of n elements, `count` of each non-negative (int32); with `chunks`, the
+        rows are that many tensors' buckets, one after the other, each of n elements."""
         size = self.bucket
         real = torch.full_like(count, size)
         if real.numel():  # (an empty tensor has no bucket)
-            real[-1] = n - (rows.shape[0] - 1) * size
+            real.view(chunks, -1)[:, -1] = n - (rows.shape[0] // chunks - 1) * size
         # (rows * positive).sum(1): clamping adds up the same nonzero terms in the same
         # order, so only the sign of a zero sum can differ: those rows are summed as before
         # (the padding adds +0 either way)
