@@ -5,7 +5,7 @@ import torch
 
 from fastsgd.compress import build_compressor
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
-from fastsgd.compress.wire import pack, unpack, unpack_rows
+from fastsgd.compress.wire import pack, pack_rows, unpack, unpack_rows
 from fastsgd.errors import UserError
 from fastsgd.transport.base import ring_allreduce_bytes
 from fastsgd.transport.sim import simulate
@@ -95,13 +95,14 @@ def test_error_feedback_in_the_collective_loses_nothing(name):
     assert torch.allclose(sent + held, truth, atol=1e-3)
 
 
-@pytest.mark.parametrize("name", ["onebit", "sign"])
+@pytest.mark.parametrize("name", ["onebit", "sign", "fp16", "bf16"])
 @pytest.mark.parametrize("numel", [1, 7, 255, 256, 257, 1000, 3001])
 def test_payloads_decoded_as_rows_are_each_payloads_own_bits(name, numel):
     """decode_rows (all workers' chunks at once) against decode, one payload at a time:
     the same bits, zeros' signs included, whether or not buckets and bytes divide the
     chunk."""
-    codec = build_compressor({"name": name, "error_feedback": False})
+    codec = build_compressor({"name": name})
+    codec.error_feedback = False  # compress: each payload alone
     like = torch.zeros(numel)
     tensors = [torch.randn(numel) * 10.0 ** (k - 1) for k in range(3)]
     tensors[1][: numel // 2] = 0.0
@@ -122,22 +123,28 @@ def test_buffers_of_other_layouts_are_not_stacked():
         unpack_rows([short[:-5], short[:-5]], codec.FIELDS, 2)
 
 
-@pytest.mark.parametrize("error_feedback", [True, False])
+@pytest.mark.parametrize("name, error_feedback", [
+    ("onebit", True), ("onebit", False), ("sign", True), ("sign", False), ("fp16", False),
+    ("bf16", False)])
 @pytest.mark.parametrize("numel", [1, 7, 255, 256, 257, 1000, 3001])
-def test_chunks_encoded_as_rows_are_each_chunks_own_payload_and_residual(numel,
+def test_chunks_encoded_as_rows_are_each_chunks_own_payload_and_residual(numel, name,
                                                                         error_feedback):
-    codec = build_compressor({"name": "onebit", "error_feedback": error_feedback})
+    codec = build_compressor({"name": name, **({"error_feedback": error_feedback}
+                                               if error_feedback else {})})
+    codec.error_feedback = error_feedback
     chunks = torch.randn(3, numel) * torch.tensor([[0.1], [1.0], [10.0]])
     chunks[1, : numel // 2] = 0.0
     states = [codec.init(chunks[0]) for _ in range(3)]
     for k, state in enumerate(states[1:] if error_feedback else []):  # left by earlier steps
         state["residual"] += torch.randn(numel) * (k + 1)
     alone = [dict(s, **{k: v.clone() for k, v in s.items()}) for s in states]
-    payloads = codec.encode_rows(chunks, states)
-    for chunk, payload, state, own in zip(chunks, payloads, states, alone):
+    rows = codec.encode_rows(chunks, states)
+    buffers = pack_rows(rows)
+    for r, (chunk, state, own) in enumerate(zip(chunks, states, alone)):
         expected = codec.encode(chunk, own)
-        assert payload.keys() == expected.keys()
-        assert all(torch.equal(payload[k], expected[k]) for k in expected)
+        assert rows.keys() == expected.keys()
+        assert all(torch.equal(rows[k][r], expected[k]) for k in expected)
+        assert torch.equal(buffers[r], pack(expected))
         assert state.keys() == own.keys()
         assert all(torch.equal(state[k].view(torch.int32), own[k].view(torch.int32))
                    for k in own)
@@ -145,18 +152,21 @@ def test_chunks_encoded_as_rows_are_each_chunks_own_payload_and_residual(numel,
 
 @pytest.mark.parametrize("name, one_at_a_time", [
     ("onebit", ["decode_rows"]), ("onebit", ["encode_rows"]),
-    ("onebit", ["decode_rows", "encode_rows"]), ("sign", ["decode_rows"])])
+    ("onebit", ["decode_rows", "encode_rows"]), ("sign", ["decode_rows"]),
+    ("sign", ["encode_rows"]), ("fp16", ["decode_rows", "encode_rows"])])
 def test_the_all_reduce_on_rows_gives_the_bits_of_one_chunk_at_a_time(name, one_at_a_time,
                                                                     monkeypatch):
     """Results, bytes and the codec states workers end with (their residuals)."""
     (batched, states) = reduce_on_sim(name, steps=3, with_states=True)
-    codec_class = type(build_compressor({"name": name}))
     for attribute in one_at_a_time:
-        monkeypatch.delattr(codec_class, attribute)
+        owner = next(c for c in type(build_compressor({"name": name})).__mro__
+                     if attribute in vars(c))
+        monkeypatch.delattr(owner, attribute)
     (alone, alone_states) = reduce_on_sim(name, steps=3, with_states=True)
     for (a, sent_a), (b, sent_b) in zip(batched, alone):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32)) and sent_a == sent_b
     for rank, state in states.items():
         for a, b in zip(state["scatter"] + [state["gather"]],
                         alone_states[rank]["scatter"] + [alone_states[rank]["gather"]]):
-            assert torch.equal(a["residual"].view(torch.int32), b["residual"].view(torch.int32))
+            assert a.keys() == b.keys()
+            assert all(torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)) for k in a)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from fastsgd.compress.base import Compressor
-from fastsgd.compress.wire import pack, unpack, unpack_rows
+from fastsgd.compress.wire import pack, pack_rows, unpack, unpack_rows
 from fastsgd.transport.base import Transport
 
 
@@ -98,13 +98,14 @@ def _scatter_gather(tensors: list[torch.Tensor], codec: Compressor,
 
 
 def _encoded(codec: Compressor, chunks: torch.Tensor,
-             states: list[dict[str, Any]]) -> list[torch.Tensor]:
-    """Each chunk (a row of `chunks`) encoded with its own state and packed: all at once
-    where the codec can (`encode_rows`, the same bits)."""
+             states: list[dict[str, Any]]) -> Sequence[torch.Tensor]:
+    """Each chunk (a row of `chunks`) encoded with its own state and packed, in order: the
+    rows of one tensor where the codec encodes them at once (`encode_rows`, the same
+    bits)."""
     rows = getattr(codec, "encode_rows", None)
     if rows is None or len(chunks) < 2 or chunks.shape[1] == 0:
         return [pack(codec.encode(c, s)) for c, s in zip(chunks, states)]
-    return [pack(p) for p in rows(chunks, states)]
+    return pack_rows(rows(chunks, states))
 
 
 def _decode_sum(codec: Compressor, likes: list[torch.Tensor],

@@ -51,6 +51,14 @@ class Cast(Codec):
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         return payload["values"].to(like.dtype).view_as(like)
 
+    def encode_rows(self, chunks: torch.Tensor, states: list[dict[str, Any]]) -> Payload:
+        """As OneBit.encode_rows (a cast keeps no state)."""
+        return {"values": chunks.detach().to(self.dtype)}
+
+    def decode_rows(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
+        """As OneBit.decode_rows."""
+        return payload["values"].to(like.dtype)
+
 
 class FP16(Cast):
     name = "fp16"
@@ -150,10 +158,11 @@ class OneBit(Codec):
         bits = pack_bits(positive.view(-1)[:n])
         return {"bits": bits, "means": means}, positive
 
-    def encode_rows(self, chunks: torch.Tensor, states: list[dict[str, Any]]) -> list[Payload]:
-        """`encode` of each row of chunks (n, m) with its own state, all at once: row r's
-        payload and residual are those of encode(chunks[r], states[r]), bit for bit (the
-        chunks a compressed reduce-scatter sends, one per worker)."""
+    def encode_rows(self, chunks: torch.Tensor, states: list[dict[str, Any]]) -> Payload:
+        """`encode` of each row of chunks (n, m) with its own state, all at once: the
+        payloads' fields stacked as rows, row r's payload and residual those of
+        encode(chunks[r], states[r]), bit for bit (the chunks a compressed reduce-scatter
+        sends, one per worker)."""
         target = chunks.detach()
         if self.error_feedback:
             target = target + torch.stack([s["residual"] for s in states])
@@ -173,7 +182,7 @@ class OneBit(Codec):
             target.sub_(by_bucket_rows(positive, pairs[..., 0], pairs[..., 1], size))
             for state, residual in zip(states, target):
                 state["residual"] = residual
-        return [{"bits": b, "means": mu} for b, mu in zip(pack_flag_rows(positive), means)]
+        return {"bits": pack_flag_rows(positive), "means": means}
 
     def _means(self, rows: torch.Tensor, count: torch.Tensor, n: int,
                chunks: int = 1) -> torch.Tensor:
@@ -267,6 +276,28 @@ class Sign(Codec):
         positive = unpack_flags(payload["bits"], like.numel())
         scale = payload["scales"].to(like.dtype)
         return by_bucket(positive, scale, -scale, self.bucket).view_as(like)
+
+    def encode_rows(self, chunks: torch.Tensor, states: list[dict[str, Any]]) -> Payload:
+        """As OneBit.encode_rows."""
+        target = chunks.detach()
+        if self.error_feedback:
+            target = target + torch.stack([s["residual"] for s in states])
+        n, m = target.shape
+        size = self.bucket
+        buckets = -(-m // size)
+        padded = target if m == buckets * size else torch.cat(
+            [target, target.new_zeros(n, buckets * size - m)], 1)
+        sums = padded.reshape(n * buckets, size).abs().sum(1)
+        sizes = torch.full_like(sums, float(size))
+        sizes.view(n, buckets)[:, -1] = m - (buckets - 1) * size
+        scales = (sums / sizes).float().view(n, buckets)
+        positive = target >= 0
+        if self.error_feedback:
+            scale = scales.to(target.dtype)
+            target.sub_(by_bucket_rows(positive, scale, -scale, size))
+            for state, residual in zip(states, target):
+                state["residual"] = residual
+        return {"bits": pack_flag_rows(positive), "scales": scales}
 
     def decode_rows(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         """As OneBit.decode_rows."""

@@ -36,6 +36,18 @@ def pack(payload: Mapping[str, torch.Tensor | Sequence[torch.Tensor]]) -> torch.
     return torch.cat([header, *(t.to(device).view(torch.uint8) for f in parts for t in f)])
 
 
+def pack_rows(payload: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """n payloads whose fields are stacked as rows (n, numel): (n, bytes), row r what `pack`
+    gives payload r (their headers are alike)."""
+    fields = [t.contiguous() for t in payload.values()]
+    words = [len(fields)]
+    for field in fields:
+        words += [DTYPES.index(field.dtype), field.shape[1]]
+    header = torch.tensor(words, dtype=torch.int64, device=fields[0].device).view(torch.uint8)
+    return torch.cat([header.expand(fields[0].shape[0], -1),
+                      *(field.view(torch.uint8) for field in fields)], 1)
+
+
 def unpack(buffer: torch.Tensor, keys: list[str], sender: int | str = "?",
            copy: bool = True) -> Payload:
     """The payload `pack` made, its tensors named by `keys` (the codec's field order), on the
