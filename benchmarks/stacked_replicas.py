@@ -14,6 +14,11 @@ replicas N this times, per replica-step, in ms:
 - vmap_grad: `torch.func.vmap(torch.func.grad(loss))` over parameters stacked N deep, then
   one momentum update of the stacks (its gradients are checked against each replica's own
   first);
+- stacked_allreduce: vmap_grad whose update takes the stacks' mean gradient (over the
+  replicas), as a synchronous all-reduce gives every worker: the whole step of a simulator
+  that held its workers as stacks, without its bookkeeping;
+- stacked_gossip: vmap_grad, then each replica's parameters averaged with the next one's (a
+  one-peer gossip round, as dpsgd on the one-peer graph mixes);
 - vmap_restack: the replicas kept apart, as the simulator keeps its workers: their
   parameters stacked for each step, `vmap(grad)`, each replica handed its gradients (views)
   and stepped by its own optimizer;
@@ -90,6 +95,19 @@ def measure(model: str, n: int, repeats: int) -> dict[str, float]:
     figures["vmap_grad"] = _per_step(lambda: _sgd(params, grads_of(params, x, y), moments),
                                      n, repeats)
 
+    def allreduce_step() -> None:  # the mean over the replicas (dim 0) as every one's gradient
+        _sgd(params, {k: g.mean(0, keepdim=True) for k, g in grads_of(params, x, y).items()},
+             moments)
+
+    def gossip_step() -> None:  # each its own update, then the average with one peer's
+        _sgd(params, grads_of(params, x, y), moments)
+        with torch.no_grad():
+            for v in params.values():
+                v.add_(v.roll(1, 0)).mul_(0.5)
+
+    figures["stacked_allreduce"] = _per_step(allreduce_step, n, repeats)
+    figures["stacked_gossip"] = _per_step(gossip_step, n, repeats)
+
     named = [dict(m.named_parameters()) for m in models]
 
     def restacked_step() -> None:  # the replicas kept apart, stacked for each step only
@@ -160,7 +178,8 @@ def main() -> int:
         return 0
     print(f"{machine['cpu']}, torch {machine['torch']}, one thread; ms per replica-step "
           "(x bare)")
-    columns = ["loop", "vmap_grad", "vmap_restack", "vmap_autograd", "bmm"]
+    columns = ["loop", "vmap_grad", "stacked_allreduce", "stacked_gossip", "vmap_restack",
+               "vmap_autograd", "bmm"]
     print("| model | replicas | bare | " + " | ".join(columns) + " |")
     print("|---" * (3 + len(columns)) + "|")
     for r in rows:
