@@ -9,6 +9,11 @@ collective (see collectives.py):
 - `quantize`: fixed-size payloads, compressed reduce-scatter then compressed all-gather;
 - `sparse`: indices and values, which cannot be summed: gathered, then decoded and added;
 - `lowrank`: PowerSGD, which all-reduces its own factors (`all_reduce`).
+
+A quantizing codec may also offer `encode_rows(chunks, states)` and `decode_rows(payload,
+like)`: the chunks of a compressed reduce-scatter (the rows of a matrix, each with its own
+state) encoded at once, and many payloads of one size decoded at once, their fields stacked
+as rows; each row must be, bit for bit, what `encode` or `decode` gives it alone.
 """
 
 from __future__ import annotations
