@@ -9,7 +9,8 @@ from fastsgd.compress import build_compressor, quantize, shuffle, sparse
 from fastsgd.compress.base import Codec
 from fastsgd.compress.bits import pack_bits, unpack_bits
 from fastsgd.compress.powersgd import products, shape_of
-from fastsgd.compress.quantize import QSGD, OneBit, Sign, blocks
+from fastsgd.compress.qsgd import QSGD
+from fastsgd.compress.quantize import OneBit, Sign, blocks
 from fastsgd.compress.sparse import RandomK, TopK, kept
 from tests.compress.helpers import NUMEL, gradient
 

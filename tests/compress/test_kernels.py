@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from fastsgd.compress import build_compressor, kernels, quantize, shuffle, sparse
+from fastsgd.compress import build_compressor, kernels, qsgd, shuffle, sparse
 from tests.compress.helpers import NUMEL, gradient
 from tests.compress.test_fast_codecs import awkward, bitwise_equal, same_payload
 
@@ -29,7 +29,7 @@ def test_the_loops_serve_float32_on_the_cpu():
     assert kernels.usable(torch.zeros(3))
     assert not kernels.usable(torch.zeros(3, dtype=torch.float64))
     assert not kernels.usable(torch.zeros(4)[::2])
-    assert quantize._fast_qsgd_ok() and sparse._fast_top_k_ok(torch.device("cpu"))
+    assert qsgd._fast_qsgd_ok() and sparse._fast_top_k_ok(torch.device("cpu"))
 
 
 def encodes(name: str, numel: int, steps: int, data) -> list:
@@ -151,8 +151,8 @@ def test_the_loops_self_check_leaves_the_gpus_seed_alone(monkeypatch):
     torch.manual_seed(1)
     seeded = []
     monkeypatch.setattr(torch.cuda, "manual_seed_all", seeded.append)
-    monkeypatch.setattr(quantize, "_FAST_QSGD", [])
+    monkeypatch.setattr(qsgd, "_FAST_QSGD", [])
     state = torch.get_rng_state()
     build_compressor({"name": "qsgd"}).compress(torch.zeros(10))
-    assert seeded == [] and quantize._FAST_QSGD == ([True] if kernels.loops() else [])
+    assert seeded == [] and qsgd._FAST_QSGD == ([True] if kernels.loops() else [])
     assert not torch.equal(state, torch.get_rng_state())  # the compress drew, nothing else

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fastsgd.compress.base import Codec, Compressor, Identity, Payload
 from fastsgd.compress.powersgd import PowerSGD
-from fastsgd.compress.quantize import BF16, FP16, QSGD, OneBit, Sign
+from fastsgd.compress.qsgd import QSGD
+from fastsgd.compress.quantize import BF16, FP16, OneBit, Sign
 from fastsgd.compress.sparse import DGC, RandomK, TopK
 from fastsgd.options import Registry
 

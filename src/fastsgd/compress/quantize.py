@@ -7,10 +7,7 @@
   feedback carries the rest over.
 - `sign`: scaled sign, EF-signSGD (Karimireddy et al. 2019): sign bits times ||x||_1 / d,
   d the size of the element's bucket.
-- `qsgd`: QSGD (Alistarh et al. 2017): |x_i| / ||x||_2 stochastically rounded to one of
-  `levels` levels, so the decoded tensor is an unbiased estimate of x; sign and level are
-  packed into ceil(log2(2 levels + 1)) bits. As in the paper, norms are taken over buckets
-  of `bucket` elements (one float each), which bounds the variance by the bucket's size.
+- `qsgd`: in qsgd.py.
 """
 
 from __future__ import annotations
@@ -29,8 +26,6 @@ from fastsgd.compress.bits import (
     by_bucket_rows,
     pack_bits,
     pack_flag_rows,
-    unpack_bits,
-    unpack_bytes,
     unpack_flag_rows,
     unpack_flags,
 )
@@ -304,91 +299,3 @@ class Sign(Codec):
         positive = unpack_flag_rows(payload["bits"], like.numel())
         scale = payload["scales"].to(like.dtype).view(positive.shape[0], -1)
         return by_bucket_rows(positive, scale, -scale, self.bucket)
-
-
-class QSGD(Codec):
-    name = "qsgd"
-    FIELDS = ["norms", "levels"]
-    OPTIONS = {"levels": Option(int, 15, at_least(1), "quantization levels s"),
-               "bucket": Option(int, 512, at_least(1), "elements sharing one norm"),
-               "error_feedback": Option(bool, False, doc="QSGD is unbiased without it")}
-
-    def __init__(self, levels: int = 15, bucket: int = 512, error_feedback: bool = False):
-        self.levels, self.bucket, self.error_feedback = levels, bucket, error_feedback
-        self.width = (2 * levels).bit_length()  # signed level + levels fits in [0, 2 levels]
-
-    def compress(self, tensor: torch.Tensor) -> Payload:
-        x = tensor.reshape(-1)
-        rows, norms = self._norms(x)
-        if self.width <= 8 and kernels.usable(x) and kernels.may_draw() \
-                and bool(norms.isfinite().all()):
-            with kernels.DRAWS:  # one compress at a time draws from torch's generator
-                if _fast_qsgd_ok():
-                    return self._compress_loop(x, norms)
-        return self._compress_torch(x, rows, norms)
-
-    def _norms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The buckets of x as rows (the last padded with zeros) and their norms (float32)."""
-        size = self.bucket
-        rows = x.view(-1, size) if x.numel() % size == 0 else blocks(x, size)
-        return rows, rows.norm(dim=1, keepdim=True).float()
-
-    def _compress_loop(self, x: torch.Tensor, norms: torch.Tensor) -> Payload:
-        tiny = torch.finfo(torch.float32).tiny
-        levels = kernels.qsgd_planes(x, norms.clamp_min(tiny).view(-1), self.levels,
-                                     self.bucket, self.width)
-        return {"norms": norms.reshape(-1), "levels": levels}
-
-    def _compress_torch(self, x: torch.Tensor, rows: torch.Tensor,
-                        norms: torch.Tensor) -> Payload:
-        n, tiny = x.numel(), torch.finfo(torch.float32).tiny
-        scaled = rows.abs()
-        scaled = scaled.div_(norms.clamp_min(tiny)) if scaled.dtype == norms.dtype else \
-            scaled / norms.clamp_min(tiny)
-        scaled = scaled.mul_(self.levels).view(-1)[:n]
-        level = scaled.floor()
-        with kernels.DRAWS:
-            up = torch.rand_like(scaled) < scaled.sub_(level)  # scaled is its fraction now
-        # (adding the bools themselves would convert them on torch's slow mixed-type path)
-        level.add_(up.to(level.dtype)).mul_(torch.sign(x)).add_(self.levels)  # [0, 2 levels]
-        small = self.width <= 8
-        signed = level.to(torch.uint8 if small else torch.int64)
-        return {"norms": norms.reshape(-1), "levels": pack_bits(signed, self.width)}
-
-    def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
-        n = like.numel()
-        if self.width <= 8:
-            values = unpack_bytes(payload["levels"], n, self.width)
-        else:
-            values = unpack_bits(payload["levels"], n, self.width)
-        out = values.to(like.dtype).sub_(self.levels)  # the signed level, exactly
-        scale = payload["norms"].to(like.dtype) / self.levels
-        full = n // self.bucket
-        out[:full * self.bucket].view(full, self.bucket).mul_(scale[:full].unsqueeze(1))
-        if n > full * self.bucket:
-            out[full * self.bucket:].mul_(scale[full])
-        return out.view_as(like)
-
-
-_FAST_QSGD: list[bool] = []
-
-
-def _fast_qsgd_ok() -> bool:
-    """Whether the compiled QSGD loop gives the torch code's payloads and leaves torch's
-    generator where it would (checked once, the generator restored after)."""
-    if not _FAST_QSGD:  # (under kernels.DRAWS, on the main thread: see QSGD.compress)
-        saved, codec, ok = torch.get_rng_state(), QSGD(), True
-        x = torch.randn(5000, generator=torch.Generator().manual_seed(9))
-        for draws in (0, 1, 623, 1000):
-            results = []
-            for fast in (True, False):
-                torch.default_generator.manual_seed(11)  # the CPU's alone: CUDA's untouched
-                torch.rand(draws)
-                rows, norms = codec._norms(x)
-                payload = codec._compress_loop(x, norms) if fast \
-                    else codec._compress_torch(x, rows, norms)
-                results.append((payload["levels"], torch.rand(3)))
-            ok = ok and all(torch.equal(a, b) for a, b in zip(*results))
-        torch.set_rng_state(saved)
-        _FAST_QSGD.append(ok)
-    return _FAST_QSGD[0]
