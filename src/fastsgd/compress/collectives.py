@@ -103,9 +103,11 @@ def _encoded(codec: Compressor, chunks: torch.Tensor,
     rows of one tensor where the codec encodes them at once (`encode_rows`, the same
     bits)."""
     rows = getattr(codec, "encode_rows", None)
-    if rows is None or len(chunks) < 2 or chunks.shape[1] == 0:
+    payload = rows(chunks, states) if rows is not None and len(chunks) > 1 \
+        and chunks.shape[1] > 0 else None
+    if payload is None:  # (the codec may decline: QSGD on a GPU)
         return [pack(codec.encode(c, s)) for c, s in zip(chunks, states)]
-    return pack_rows(rows(chunks, states))
+    return pack_rows(payload)
 
 
 def _decode_sum(codec: Compressor, likes: list[torch.Tensor],

@@ -6,6 +6,8 @@ elements (one float each), which bounds the variance by the bucket's size.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from fastsgd.compress import kernels
@@ -62,6 +64,58 @@ class QSGD(Codec):
         small = self.width <= 8
         signed = level.to(torch.uint8 if small else torch.int64)
         return {"norms": norms.reshape(-1), "levels": pack_bits(signed, self.width)}
+
+    def encode_rows(self, chunks: torch.Tensor, states: list[dict[str, Any]]) -> Payload | None:
+        """As OneBit.encode_rows: one draw of torch.rand for all rows, which on the CPU is the
+        numbers one draw per row takes, in order. None (chunk by chunk) on a GPU, whose
+        generator moves on by more for several calls than for one, or above 8 bits."""
+        if chunks.device.type != "cpu" or self.width > 8:
+            return None
+        target = chunks.detach()
+        if self.error_feedback:
+            target = target + torch.stack([s["residual"] for s in states])
+        n, m = target.shape
+        size, tiny = self.bucket, torch.finfo(torch.float32).tiny
+        buckets = -(-m // size)
+        padded = target if m == buckets * size else torch.cat(
+            [target, target.new_zeros(n, buckets * size - m)], 1)
+        rows = padded.reshape(n * buckets, size)
+        norms = rows.norm(dim=1, keepdim=True).float()
+        scaled = rows.abs()
+        scaled = scaled.div_(norms.clamp_min(tiny)) if scaled.dtype == norms.dtype else \
+            scaled / norms.clamp_min(tiny)
+        scaled = scaled.mul_(self.levels).view(n, -1)[:, :m].contiguous()
+        level = scaled.floor()
+        with kernels.DRAWS:
+            up = torch.rand_like(scaled) < scaled.sub_(level)
+        level.add_(up.to(level.dtype)).mul_(torch.sign(target)).add_(self.levels)
+        signed = torch.zeros(n, -(-m // 8) * 8, dtype=torch.uint8)
+        signed[:, :m] = level  # each row zero-padded to whole bytes, as pack_bits pads it
+        planes = pack_bits(signed.reshape(-1), self.width).view(self.width, n, -1)
+        payload = {"norms": norms.view(n, buckets),
+                   "levels": planes.permute(1, 0, 2).reshape(n, -1)}  # each row's planes
+        if self.error_feedback:
+            residuals = target - self.decode_rows(payload, target[0])
+            for state, residual in zip(states, residuals):
+                state["residual"] = residual
+        return payload
+
+    def decode_rows(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
+        """As OneBit.decode_rows."""
+        n, m, size = payload["norms"].shape[0], like.numel(), self.bucket
+        if self.width > 8:
+            return torch.stack([self.decode({k: v[r] for k, v in payload.items()}, like)
+                                for r in range(n)])
+        padded = -(-m // 8) * 8
+        planes = payload["levels"].view(n, self.width, -1).permute(1, 0, 2).reshape(-1)
+        values = unpack_bytes(planes, n * padded, self.width).view(n, padded)
+        scale = payload["norms"].to(like.dtype) / self.levels
+        buckets = scale.shape[1]
+        out = torch.zeros(n, buckets * size, dtype=like.dtype, device=like.device)
+        out[:, :m] = values[:, :m]
+        out[:, :m].sub_(self.levels)  # the signed level, exactly
+        out.view(n, buckets, size).mul_(scale.unsqueeze(2))
+        return out[:, :m]
 
     def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
         n = like.numel()
