@@ -79,6 +79,13 @@ class Codec(Configurable, ABC, section="compression"):
         state["residual"] = target - self.decode(payload, target)
         return payload
 
+    def targets(self, chunks: torch.Tensor, states: list[dict[str, Any]]) -> torch.Tensor:
+        """The rows of chunks as `encode_rows` encodes them: under error feedback each plus
+        its state's residual (a new tensor), as `encode` adds them."""
+        if not self.error_feedback:
+            return chunks.detach()
+        return chunks.detach() + torch.stack([s["residual"] for s in states])
+
     def held_back(self, state: dict[str, Any]) -> torch.Tensor | None:
         """What earlier encodes have not sent yet (flat); None: this codec keeps nothing."""
         return state.get("residual")

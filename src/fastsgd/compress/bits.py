@@ -185,6 +185,16 @@ def unpack_flag_rows(packed: torch.Tensor, m: int) -> torch.Tensor:
     return unpack_flags(packed.reshape(-1), packed.numel() * 8).view(n, -1)[:, :m]
 
 
+def block_rows(x: torch.Tensor, size: int) -> torch.Tensor:
+    """`blocks` of each row of x (n, m): (n * ceil(m / size), size), each row's last bucket
+    padded with zeros."""
+    n, m = x.shape
+    buckets = -(-m // size)
+    if m != buckets * size:
+        x = torch.cat([x, x.new_zeros(n, buckets * size - m)], 1)
+    return x.reshape(n * buckets, size)
+
+
 def blocks(tensor: torch.Tensor, size: int) -> torch.Tensor:
     """The elements of `tensor` as rows of `size` (the last one padded with zeros)."""
     x = tensor.reshape(-1)

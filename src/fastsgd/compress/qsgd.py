@@ -12,7 +12,7 @@ import torch
 
 from fastsgd.compress import kernels
 from fastsgd.compress.base import Codec, Payload
-from fastsgd.compress.bits import blocks, pack_bits, unpack_bits, unpack_bytes
+from fastsgd.compress.bits import block_rows, blocks, pack_bits, unpack_bits, unpack_bytes
 from fastsgd.options import Option, at_least
 
 
@@ -71,15 +71,9 @@ class QSGD(Codec):
         generator moves on by more for several calls than for one, or above 8 bits."""
         if chunks.device.type != "cpu" or self.width > 8:
             return None
-        target = chunks.detach()
-        if self.error_feedback:
-            target = target + torch.stack([s["residual"] for s in states])
-        n, m = target.shape
-        size, tiny = self.bucket, torch.finfo(torch.float32).tiny
-        buckets = -(-m // size)
-        padded = target if m == buckets * size else torch.cat(
-            [target, target.new_zeros(n, buckets * size - m)], 1)
-        rows = padded.reshape(n * buckets, size)
+        target = self.targets(chunks, states)
+        (n, m), tiny = target.shape, torch.finfo(torch.float32).tiny
+        rows = block_rows(target, self.bucket)
         norms = rows.norm(dim=1, keepdim=True).float()
         scaled = rows.abs()
         scaled = scaled.div_(norms.clamp_min(tiny)) if scaled.dtype == norms.dtype else \
@@ -92,7 +86,7 @@ class QSGD(Codec):
         signed = torch.zeros(n, -(-m // 8) * 8, dtype=torch.uint8)
         signed[:, :m] = level  # each row zero-padded to whole bytes, as pack_bits pads it
         planes = pack_bits(signed.reshape(-1), self.width).view(self.width, n, -1)
-        payload = {"norms": norms.view(n, buckets),
+        payload = {"norms": norms.view(n, -1),
                    "levels": planes.permute(1, 0, 2).reshape(n, -1)}  # each row's planes
         if self.error_feedback:
             residuals = target - self.decode_rows(payload, target[0])

@@ -21,6 +21,7 @@ import torch
 from fastsgd.compress import kernels
 from fastsgd.compress.base import Codec, Payload
 from fastsgd.compress.bits import (
+    block_rows,
     blocks,
     by_bucket,
     by_bucket_rows,
@@ -158,18 +159,12 @@ class OneBit(Codec):
         payloads' fields stacked as rows, row r's payload and residual those of
         encode(chunks[r], states[r]), bit for bit (the chunks a compressed reduce-scatter
         sends, one per worker)."""
-        target = chunks.detach()
-        if self.error_feedback:
-            target = target + torch.stack([s["residual"] for s in states])
-        n, m = target.shape
-        size = self.bucket
-        buckets = -(-m // size)
-        padded = target if m == buckets * size else torch.cat(
-            [target, target.new_zeros(n, buckets * size - m)], 1)
-        rows = padded.reshape(n * buckets, size)
+        target = self.targets(chunks, states)
+        (n, m), size = target.shape, self.bucket
+        rows = block_rows(target, size)
         positive = (rows >= 0).view(n, -1)
         positive[:, m:] = False
-        count = positive.view(n * buckets, size).view(torch.uint8).sum(1, dtype=torch.int32)
+        count = positive.view(rows.shape).view(torch.uint8).sum(1, dtype=torch.int32)
         means = self._means(rows, count, m, chunks=n).view(n, -1)
         positive = positive[:, :m]
         if self.error_feedback:
@@ -274,18 +269,12 @@ class Sign(Codec):
 
     def encode_rows(self, chunks: torch.Tensor, states: list[dict[str, Any]]) -> Payload:
         """As OneBit.encode_rows."""
-        target = chunks.detach()
-        if self.error_feedback:
-            target = target + torch.stack([s["residual"] for s in states])
-        n, m = target.shape
-        size = self.bucket
-        buckets = -(-m // size)
-        padded = target if m == buckets * size else torch.cat(
-            [target, target.new_zeros(n, buckets * size - m)], 1)
-        sums = padded.reshape(n * buckets, size).abs().sum(1)
+        target = self.targets(chunks, states)
+        (n, m), size = target.shape, self.bucket
+        sums = block_rows(target, size).abs().sum(1).view(n, -1)
         sizes = torch.full_like(sums, float(size))
-        sizes.view(n, buckets)[:, -1] = m - (buckets - 1) * size
-        scales = (sums / sizes).float().view(n, buckets)
+        sizes[:, -1] = m - (sums.shape[1] - 1) * size
+        scales = (sums / sizes).float()
         positive = target >= 0
         if self.error_feedback:
             scale = scales.to(target.dtype)
