@@ -51,43 +51,40 @@ class QSGD(Codec):
 
     def _compress_torch(self, x: torch.Tensor, rows: torch.Tensor,
                         norms: torch.Tensor) -> Payload:
-        n, tiny = x.numel(), torch.finfo(torch.float32).tiny
-        scaled = rows.abs()
-        scaled = scaled.div_(norms.clamp_min(tiny)) if scaled.dtype == norms.dtype else \
-            scaled / norms.clamp_min(tiny)
-        scaled = scaled.mul_(self.levels).view(-1)[:n]
-        level = scaled.floor()
-        with kernels.DRAWS:
-            up = torch.rand_like(scaled) < scaled.sub_(level)  # scaled is its fraction now
-        # (adding the bools themselves would convert them on torch's slow mixed-type path)
-        level.add_(up.to(level.dtype)).mul_(torch.sign(x)).add_(self.levels)  # [0, 2 levels]
-        small = self.width <= 8
-        signed = level.to(torch.uint8 if small else torch.int64)
-        return {"norms": norms.reshape(-1), "levels": pack_bits(signed, self.width)}
+        levels = self._level_rows(x.view(1, -1), rows, norms)
+        return {"norms": norms.reshape(-1), "levels": levels.view(-1)}
 
-    def encode_rows(self, chunks: torch.Tensor, states: list[dict[str, Any]]) -> Payload | None:
-        """As OneBit.encode_rows: one draw of torch.rand for all rows, which on the CPU is the
-        numbers one draw per row takes, in order. None (chunk by chunk) on a GPU, whose
-        generator moves on by more for several calls than for one, or above 8 bits."""
-        if chunks.device.type != "cpu" or self.width > 8:
-            return None
-        target = self.targets(chunks, states)
-        (n, m), tiny = target.shape, torch.finfo(torch.float32).tiny
-        rows = block_rows(target, self.bucket)
-        norms = rows.norm(dim=1, keepdim=True).float()
+    def _level_rows(self, x: torch.Tensor, rows: torch.Tensor,
+                    norms: torch.Tensor) -> torch.Tensor:
+        """The packed levels of each row of x (n, m), whose buckets are `rows` with their
+        `norms`: (n, width planes of ceil(m / 8) bytes), drawing n * m numbers in order."""
+        (n, m), tiny = x.shape, torch.finfo(torch.float32).tiny
         scaled = rows.abs()
         scaled = scaled.div_(norms.clamp_min(tiny)) if scaled.dtype == norms.dtype else \
             scaled / norms.clamp_min(tiny)
         scaled = scaled.mul_(self.levels).view(n, -1)[:, :m].contiguous()
         level = scaled.floor()
         with kernels.DRAWS:
-            up = torch.rand_like(scaled) < scaled.sub_(level)
-        level.add_(up.to(level.dtype)).mul_(torch.sign(target)).add_(self.levels)
-        signed = torch.zeros(n, -(-m // 8) * 8, dtype=torch.uint8)
+            up = torch.rand_like(scaled) < scaled.sub_(level)  # scaled is its fraction now
+        # (adding the bools themselves would convert them on torch's slow mixed-type path)
+        level.add_(up.to(level.dtype)).mul_(torch.sign(x)).add_(self.levels)  # [0, 2 levels]
+        signed = torch.zeros(n, -(-m // 8) * 8, device=x.device,
+                             dtype=torch.uint8 if self.width <= 8 else torch.int64)
         signed[:, :m] = level  # each row zero-padded to whole bytes, as pack_bits pads it
         planes = pack_bits(signed.reshape(-1), self.width).view(self.width, n, -1)
-        payload = {"norms": norms.view(n, -1),
-                   "levels": planes.permute(1, 0, 2).reshape(n, -1)}  # each row's planes
+        return planes.permute(1, 0, 2).reshape(n, -1)  # each row's planes
+
+    def encode_rows(self, chunks: torch.Tensor, states: list[dict[str, Any]]) -> Payload | None:
+        """As OneBit.encode_rows: one draw of torch.rand for all rows, which on the CPU is the
+        numbers one draw per row takes, in order. None (chunk by chunk) on a GPU, whose
+        generator moves on by more for several calls than for one."""
+        if chunks.device.type != "cpu":
+            return None
+        target = self.targets(chunks, states)
+        rows = block_rows(target, self.bucket)
+        norms = rows.norm(dim=1, keepdim=True).float()
+        payload = {"norms": norms.view(len(target), -1),
+                   "levels": self._level_rows(target, rows, norms)}
         if self.error_feedback:
             residuals = target - self.decode_rows(payload, target[0])
             for state, residual in zip(states, residuals):
