@@ -205,3 +205,49 @@ def test_a_worker_killed_inside_the_lock_leaves_it_free(tmp_path, monkeypatch):
     thread.start()
     thread.join(10)
     assert took == [[(0, 0), (0, 0)]]
+
+
+class _SlowLooks:
+    """A store whose requests from worker `rank`'s looking thread take `delay` s: a worker
+    whose looks queue behind its training's data, or whose thread the machine runs late."""
+
+    def __init__(self, store, rank: int, delay: float):
+        self.store, self.thread_name, self.delay = store, f"fastsgd-stop-{rank}", delay
+
+    def __getattr__(self, name):
+        def request(*args):
+            if threading.current_thread().name == self.thread_name:
+                time.sleep(self.delay)
+            return getattr(self.store, name)(*args)
+        return request
+
+
+def test_synchronous_workers_stop_together_when_one_learns_of_the_stop_late(monkeypatch):
+    # the CI failure of 2026-12-03: under torchrun, worker 0 waited at the stop for worker 1,
+    # which had not yet seen it and went on into the next step's all-reduce, where it waited
+    # for worker 0: neither ended until torchrun killed both 30 s later
+    monkeypatch.setattr(StoreStop, "LOOK_EVERY", 0.01)
+    store = dist.HashStore()
+    stops = [StoreStop(store, 0, 2), StoreStop(_SlowLooks(store, 1, 0.3), 1, 2)]
+    allreduce = threading.Barrier(2, timeout=10)  # each step's collective
+    stopped = [0, 0]
+
+    def worker(r: int) -> None:
+        for step in range(1, 100_000):
+            time.sleep(0.002)
+            allreduce.wait()
+            if stops[r].after(r, step):
+                stopped[r] = step
+                return
+
+    threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    stops[0].on_sigint()
+    for t in threads:
+        t.join(timeout=30)
+    for stop in stops:
+        stop.close()
+    assert not allreduce.broken
+    assert stopped[0] == stopped[1] > 0, stopped

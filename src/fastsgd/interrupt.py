@@ -17,7 +17,9 @@ when it is interrupted) asks to stop, and the workers agree on the step through 
 store, as above: each publishes its progress every 0.1 s (longer beyond 200 workers, to spare
 the store), and the first one asked sets the stop ahead of the furthest by what the fastest
 does in three such periods. A thread of each worker does that, not its training thread:
-the store's answers can queue behind the training's data on a busy link.
+the store's answers can queue behind the training's data on a busy link. A worker whose
+thread learns the stop only after the worker went past it (a loaded machine runs the thread
+late) raises it to its next step, and the others go on to that one.
 """
 
 from __future__ import annotations
@@ -168,9 +170,9 @@ class Stop:
 
 class StoreStop:
     """Ctrl-C under torchrun, agreed through `store` (the job's c10d store). One key holds
-    the step to stop after; a worker already past it when it learns it raises it to its own
-    step; a worker stops only once every worker has counted in at the same step (one count
-    per step), and goes on if the step is raised meanwhile."""
+    the step to stop after; a worker already past it when it learns it raises it to the next
+    step it will check; a worker stops only once every worker has counted in at the same step
+    (one count per step), and goes on if the step is raised meanwhile."""
 
     LOOK_EVERY = 0.1  # s between looks at the store (one set and one check), for 200 workers
     AHEAD_LOOKS = 3  # the stop is proposed this many looks' worth of steps ahead
@@ -189,6 +191,7 @@ class StoreStop:
         self.every = self.LOOK_EVERY * max(1.0, world_size / 200)
         self._wake = threading.Event()  # a SIGINT: look now
         self._lock = threading.Lock()  # one of the two threads on the store at a time
+        self._mark = threading.Lock()  # `step` and `stop_at`, as the training thread checks
         self._looker: threading.Thread | None = None
         self._failed: BaseException | None = None  # the looker's, raised in `after`
         self._closed = False
@@ -212,8 +215,10 @@ class StoreStop:
             self._looker.start()
         if self._failed is not None:
             raise self._failed
-        if not (self.stop_at and step >= self.stop_at):
-            return False
+        with self._mark:  # not while the looker learns the stop (`_learn`)
+            self.step = step
+            if not (self.stop_at and step >= self.stop_at):
+                return False
         with self._lock:
             return self._all_in(step)
 
@@ -254,15 +259,32 @@ class StoreStop:
             ahead = 2 + math.ceil(fastest * self.AHEAD_LOOKS * self.every)
             self.store.compare_set(f"{self.key}/at", "", str(furthest + ahead))  # first wins
         if self.store.check([f"{self.key}/at"]):
-            self.stop_at = int(self.store.get(f"{self.key}/at"))
+            self._learn(int(self.store.get(f"{self.key}/at")))
+
+    def _learn(self, stop_at: int) -> None:
+        """The stop is `stop_at`. Where this worker has already checked a step at or past it
+        (its look came late: a busy machine, a busy link), it raises the stop to the next
+        step it will check, so that the others, waiting at the stop, go on to it: they wait
+        for this one, and synchronous workers must not wait for each other twice (the stop
+        and a collective). Under `_mark`: the training thread checks no step meanwhile."""
+        with self._mark:
+            if stop_at <= self.step:
+                stop_at = self._raise_to(self.step + 1)
+            self.stop_at = stop_at
+
+    def _raise_to(self, step: int) -> int:
+        """Raise the stop to `step` unless it is already there or beyond; what it is."""
+        key = f"{self.key}/at"
+        current = self.store.get(key)
+        while int(current) < step:  # compare_set returns the value it leaves
+            current = self.store.compare_set(key, current, str(step))
+        return int(current)
 
     def _all_in(self, step: int) -> bool:
         """At or past the stop: count in here (past it: raise it to here first), then wait
         until every worker has, or the stop is raised (False: go on to it)."""
         key = f"{self.key}/at"
-        current = self.store.get(key)
-        while int(current) < step:  # compare_set returns the value it leaves
-            current = self.store.compare_set(key, current, str(step))
+        self._raise_to(step)
         self.store.add(f"{self.key}/in/{step}", 1)
         while True:
             self.stop_at = int(self.store.get(key))
