@@ -1,7 +1,9 @@
 """Bad input ends in one clear line naming the culprit, a non-zero exit, no traceback."""
 
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -203,3 +205,24 @@ def test_readme_links_stay_inside_the_repository():
             continue
         assert (root / target).resolve().is_relative_to(root), target
         assert (root / target).exists(), target
+
+
+def test_the_command_line_imports_torch_inside_its_error_handling():
+    # so that Ctrl-C during torch's seconds of import ends like any other (the test below)
+    code = ("import sys, fastsgd, fastsgd.cli; assert 'torch' not in sys.modules; "
+            "print(fastsgd.Job.__name__, fastsgd.data.__name__); assert 'torch' in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["Job", "fastsgd.data"]
+
+
+@pytest.mark.parametrize("after", [1.0, 2.5])
+def test_ctrl_c_while_starting_is_one_line(tmp_path, after):
+    proc = subprocess.Popen([sys.executable, "-m", "fastsgd", "run", "--set", "data.name=digits",
+                             "--set", f"run.out={tmp_path / 'run'}", "--quiet"],
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(after)  # importing torch takes 1-4 s
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert err.startswith("fastsgd: interrupted") and len(err.splitlines()) == 1, err[-3000:]

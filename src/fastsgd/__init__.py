@@ -2,35 +2,67 @@
 
 The user writes one training iteration; fastsgd runs it on many workers, real or simulated,
 and moves gradients or parameters between them by the chosen strategy.
+
+The names below are imported on first use (PEP 562): `import fastsgd` alone does not import
+torch, so that the command line (cli.py) can take a Ctrl-C during torch's few seconds of
+import like any other: one line, exit code 130, no traceback.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import TYPE_CHECKING, Any
 
 # Local workers are forked (launch.py). MKL's own memory manager is not fork-safe: a child
 # can spin forever on an allocator lock the parent held at the fork (seen in
 # mkl_serv_allocate under load). The system allocator is; MKL reads this at its first call.
 os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
 
-from fastsgd import data, models  # noqa: E402
-from fastsgd.compress import Identity  # noqa: E402
-from fastsgd.errors import ConfigError, UserError  # noqa: E402
-from fastsgd.job import Job, Result  # noqa: E402
-from fastsgd.replica import Replica  # noqa: E402
-from fastsgd.strategies import AllReduce, Context, Strategy  # noqa: E402
-from fastsgd.transport.base import Transport  # noqa: E402
-from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, SimTransport  # noqa: E402
-from fastsgd.transport.torch_dist import TorchTransport  # noqa: E402
+if TYPE_CHECKING:
+    from fastsgd import data, models
+    from fastsgd.compress import Identity
+    from fastsgd.errors import ConfigError, UserError
+    from fastsgd.job import Job, Result
+    from fastsgd.replica import Replica
+    from fastsgd.strategies import AllReduce, Context, Strategy
+    from fastsgd.transport.base import Transport
+    from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, SimTransport
+    from fastsgd.transport.torch_dist import TorchTransport
 
 __version__ = "0.1.0"
+
+_WHERE = {"data": "fastsgd.data", "models": "fastsgd.models", "Identity": "fastsgd.compress",
+          "ConfigError": "fastsgd.errors", "UserError": "fastsgd.errors",
+          "Job": "fastsgd.job", "Result": "fastsgd.job", "Replica": "fastsgd.replica",
+          "AllReduce": "fastsgd.strategies", "Context": "fastsgd.strategies",
+          "Strategy": "fastsgd.strategies", "Transport": "fastsgd.transport.base",
+          "ComputeModel": "fastsgd.transport.sim", "Heterogeneity": "fastsgd.transport.sim",
+          "Network": "fastsgd.transport.sim", "SimTransport": "fastsgd.transport.sim",
+          "TorchTransport": "fastsgd.transport.torch_dist"}
 
 __all__ = ["AllReduce", "ComputeModel", "ConfigError", "Context", "Heterogeneity", "Identity",
            "Job", "Network", "Replica", "Result", "SimTransport", "Strategy", "TorchTransport",
            "Transport", "UserError", "connect", "data", "models"]
 
 
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'fastsgd' has no attribute {name!r}")
+    module = importlib.import_module(where)
+    value = module if where == f"fastsgd.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
 def connect(backend: str = "auto", timeout: float = 300.0) -> TorchTransport:
     """Join the torch.distributed job this process belongs to (env:// rendezvous, as torchrun
     sets it up): the transport for a user who keeps their own loop (see `Replica`)."""
+    from fastsgd.transport.torch_dist import TorchTransport
+
     return TorchTransport(backend, timeout)
