@@ -1,5 +1,5 @@
 """Ctrl-C under torchrun: the workers agree through the store on one step to stop after
-(interrupt.StoreStop); the end-to-end test is in test_torchrun.py."""
+(store_stop.StoreStop); the end-to-end test is in test_torchrun.py."""
 
 import multiprocessing as mp
 import tempfile
@@ -9,7 +9,8 @@ import time
 import pytest
 import torch.distributed as dist
 
-from fastsgd.interrupt import Stop, StoreStop
+from fastsgd.interrupt import Stop
+from fastsgd.store_stop import StoreStop
 
 
 def _run(monkeypatch, pauses: list[float], asked: int, ahead_looks: int = 3) -> list[int]:

@@ -35,6 +35,7 @@ from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.processes import backend_of, door_of, expendable, rejoin_steps, train_process
 from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out, dropped_if_empty
+from fastsgd.store_stop import StoreStop
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
 from fastsgd.supervise import supervise
@@ -223,13 +224,13 @@ class Job:
         return _result(plan.run_dir)
 
     def _run_here(self) -> Result:
-        """One worker of a torchrun job; Ctrl-C as interrupt.py's StoreStop says."""
+        """One worker of a torchrun job; Ctrl-C as store_stop.py says."""
         run = self.config["run"]
         if run["join"]:
             raise ConfigError(NO_JOIN.format(where="torchrun", instead="torchrun's own "
                                              "--max-restarts restarts every worker"))
         transport = TorchTransport(backend_of(self.config), run["timeout"])
-        stop = interrupt.StoreStop(transport.store(), transport.rank, transport.world_size)
+        stop = StoreStop(transport.store(), transport.rank, transport.world_size)
         interrupt.share(stop)
         try:
             config = cfg.merged(self.config, run={"workers": transport.world_size})
