@@ -4,7 +4,9 @@ end in one line, exit code 2."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
@@ -204,6 +206,10 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C is a KeyboardInterrupt from the start, also in a process that inherited
+        # SIGINT ignored (as interrupt.catching says): torch's import alone takes seconds
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)

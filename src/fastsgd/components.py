@@ -19,8 +19,8 @@ from fastsgd.errors import UserError
 from fastsgd.frameworks.base import model_loss_step
 from fastsgd.objects import import_path, is_import_path, resolve
 from fastsgd.options import Registry
+from fastsgd.plan import cross_entropy_step, evaluate_classifier
 from fastsgd.strategies import STRATEGIES
-from fastsgd.worker import cross_entropy_step, evaluate_classifier
 
 OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 BUILTIN_FUNCTIONS = {"step": {"cross_entropy": cross_entropy_step, "model_loss": model_loss_step},

@@ -32,6 +32,7 @@ from fastsgd.models import build_model
 from fastsgd.objects import is_import_path, resolve
 from fastsgd.observe import EvalLog, Observer
 from fastsgd.pack import PACKED, PackedFactory
+from fastsgd.plan import EvalFn, Plan, StepFn, evaluate_classifier
 from fastsgd.processes import backend_of, door_of, expendable, rejoin_steps, train_process
 from fastsgd.profiling import needs_profile, profile
 from fastsgd.rundir import agree, claim, default_out, dropped_if_empty
@@ -44,7 +45,7 @@ from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, sim
 from fastsgd.transport.sim.compute import compute_model
 from fastsgd.transport.sim.lanes import ahead_for, cores, draws_random
 from fastsgd.transport.torch_dist import TorchTransport
-from fastsgd.worker import EvalFn, Plan, StepFn, evaluate_classifier, train
+from fastsgd.worker import train
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
 ARCHIVE_SUFFIX = ".fsj"  # a job archive (fastsgd pack) in place of a config file

@@ -10,6 +10,7 @@ from fastsgd import interrupt
 from fastsgd.door import ENDED_WELL, FAILED, Door
 from fastsgd.errors import UserError
 from fastsgd.launch import worker_environment
+from fastsgd.plan import Plan
 from fastsgd.rundir import DOOR
 from fastsgd.strategies import STRATEGIES
 from fastsgd.strategies.membership import (
@@ -19,7 +20,7 @@ from fastsgd.strategies.membership import (
 )
 from fastsgd.transport.rendezvous import pick_backend
 from fastsgd.transport.torch_dist import TorchTransport
-from fastsgd.worker import Plan, train
+from fastsgd.worker import train
 
 
 def backend_of(config: dict[str, Any]) -> str:

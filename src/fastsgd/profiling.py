@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import torch
 
+from fastsgd.plan import Plan
 from fastsgd.strategies.params import flatten
 from fastsgd.transport.base import Done
 from fastsgd.units import format_ns
-from fastsgd.worker import Plan
 
 KEYS = ("forward", "backward", "update", "codec", "reduce_bandwidth")
 

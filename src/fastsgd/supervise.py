@@ -19,7 +19,7 @@ from typing import Any
 
 from fastsgd import checkpoint
 from fastsgd.errors import Interrupted, WorkerFailed
-from fastsgd.worker import Plan
+from fastsgd.plan import Plan
 
 
 def supervise(plan: Plan, attempt: Callable[[int], None]) -> list[dict[str, Any]]:

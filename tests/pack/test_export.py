@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from fastsgd.errors import UserError
 from fastsgd.models import build_model
 from fastsgd.pack.export import export_programs
-from fastsgd.worker import cross_entropy_step
+from fastsgd.plan import cross_entropy_step
 
 
 def _load(data: bytes) -> torch.nn.Module:
