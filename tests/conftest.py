@@ -107,7 +107,14 @@ def interrupt_once_training(cmd: list[str], out: Path) -> subprocess.CompletedPr
 
 
 def pytest_collection_modifyitems(items):
-    """JAX's tests run last: once JAX's runtime has started in this process, every later
-    fork of it (the tests' worker processes) forks JAX's idle thread pools along. The
-    children never call JAX, so it is harmless, but JAX warns at each fork."""
-    items.sort(key=lambda item: "tests/frameworks/" in item.nodeid.replace("\\", "/"))
+    """The slow tests (the demo, 2-3 minutes) run first, so that the other test processes
+    fill the time beside them rather than wait for them at the end (pytest-xdist hands out
+    tests in this order). JAX's tests run last: once JAX's runtime has started in this
+    process, every later fork of it (the tests' worker processes) forks JAX's idle thread
+    pools along. The children never call JAX, so it is harmless, but JAX warns at each fork."""
+    def place(item: pytest.Item) -> int:
+        if "tests/frameworks/" in item.nodeid.replace("\\", "/"):
+            return 2
+        return 0 if item.get_closest_marker("slow") else 1
+
+    items.sort(key=place)
