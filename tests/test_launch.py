@@ -1,15 +1,19 @@
 """The launcher of `fastsgd run`'s own worker processes (launch.py)."""
 
+import multiprocessing as mp
 import os
 import signal
 import socket
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from fastsgd import interrupt
-from fastsgd.errors import UserError, WorkerFailed
-from fastsgd.launch import launch
+from fastsgd.errors import Interrupted, UserError, WorkerFailed
+from fastsgd.interrupt import Stop
+from fastsgd.launch import _stop, _wait, launch
 
 
 def _ping(depth: int = 0) -> int:  # two alternating frames: the trace is not folded
@@ -34,8 +38,21 @@ def _die_then_fail():
         time.sleep(0.01)
     if os.environ["RANK"] == "1":
         os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(0.5)  # the launcher has seen the death by now
+    while any(_alive(child) for child in _siblings()):  # worker 1 is dead (not yet reaped:
+        time.sleep(0.01)  # the launcher may see both ends at once, or this one first)
     raise RuntimeError("could not go on")
+
+
+def _siblings() -> list[int]:
+    children = Path(f"/proc/{os.getppid()}/task/{os.getppid()}/children").read_text().split()
+    return [int(pid) for pid in children if int(pid) != os.getpid()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.multiproc
@@ -70,3 +87,45 @@ def test_a_busy_rendezvous_port_is_one_line(monkeypatch):
         monkeypatch.setattr("fastsgd.launch.free_port", lambda: port)
         with pytest.raises(UserError, match=f"rendezvous on 127.0.0.1:{port}"):
             launch(lambda: None, 2)
+
+
+@pytest.mark.multiproc
+def test_a_loss_seen_in_one_look_with_its_peers_error_is_named_as_the_cause():
+    # worker 0's error (it could not go on) and worker 1's death end in the same look of the
+    # launcher, worker 0 first in its list: the death is the cause, the error its consequence
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=sys.exit, args=(1,)),
+             ctx.Process(target=lambda: os.kill(os.getpid(), signal.SIGKILL))]
+    for p in procs:
+        p.start()
+    while not all(p.exitcode is not None for p in procs):  # both ended, neither seen yet
+        time.sleep(0.01)
+    with pytest.raises(WorkerFailed, match="worker 1 was killed by signal 9 .*could not go on "
+                                           "without it"):
+        _wait(procs, ctx.SimpleQueue(), expendable=0, ready=[1, 1])
+
+
+@pytest.mark.multiproc
+def test_a_loss_right_after_the_start_up_barrier_is_carried_though_a_peer_is_not_flagged_yet():
+    # worker 1 passed the start-up barrier (flagged ready) and died in its first step before
+    # worker 2, released from the same barrier, had set its flag: every worker had entered
+    # the barrier, so the group had formed and the others carry on
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=time.sleep, args=(0.3,)),
+             ctx.Process(target=lambda: os.kill(os.getpid(), signal.SIGKILL)),
+             ctx.Process(target=time.sleep, args=(0.3,))]
+    for p in procs:
+        p.start()
+    _wait(procs, ctx.SimpleQueue(), expendable=0, ready=[1, 1, 0])
+    assert [p.exitcode for p in procs] == [0, -signal.SIGKILL, 0]
+
+
+@pytest.mark.multiproc
+def test_ctrl_c_while_the_workers_start_stops_those_started():
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=time.sleep, args=(0.1,)), ctx.Process(target=time.sleep)]
+    procs[0].start()  # the Ctrl-C came before the second was forked
+    with pytest.raises(Interrupted) as stopped:
+        _stop(procs, Stop(ctx, 2))
+    assert stopped.value.step is None  # not every worker wrote a checkpoint
+    assert procs[0].exitcode == 0

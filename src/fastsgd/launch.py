@@ -133,14 +133,13 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
     while running:
         if door:
             _let_in(door, procs, running, lost)
-        for sentinel in connection.wait([p.sentinel for p in running], door and EVERY):
-            p = next(p for p in running if p.sentinel == sentinel)
-            p.join()
+        for p in _ended(running, connection.wait([p.sentinel for p in running], door and EVERY)):
             running.remove(p)
             rank = procs.index(p)
-            # the group formed once every worker was ready; a new worker that joins later
-            # is ready once connected to its peers (another may still be connecting)
-            formed = formed or all(ready)
+            # the group formed once one worker was ready: it had passed the start-up barrier,
+            # which every other had entered (all(ready) missed a worker that had not yet set
+            # its flag); a new worker that joins later is ready once connected to its peers
+            formed = formed or not ready or any(ready)
             if ((p.exitcode < 0 or p.exitcode == DONOR_LOST) and expendable is not None
                     and rank >= expendable and formed and (not ready or ready[rank])):
                 lost.add(rank)
@@ -225,17 +224,27 @@ def _stop(procs: list[mp.process.BaseProcess], stop: Stop) -> None:
     whoever has not ended within STOP_WITHIN seconds is killed (a second Ctrl-C: at once)."""
     step = stop.request()
     deadline = time.monotonic() + STOP_WITHIN
-    running = [p for p in procs if p.is_alive()]
+    started = [p for p in procs if p.pid is not None]  # a Ctrl-C may come while they start
+    running = [p for p in started if p.is_alive()]
     try:
         while running and time.monotonic() < deadline:
             ended = connection.wait([p.sentinel for p in running], deadline - time.monotonic())
             running = [p for p in running if p.sentinel not in ended]
     except KeyboardInterrupt:
         pass
-    for p in procs:
+    for p in started:
         p.join(timeout=0 if running else None)
-    clean = not running and all(p.exitcode == 0 for p in procs)
+    clean = len(started) == len(procs) and not running and all(p.exitcode == 0 for p in procs)
     raise Interrupted(step=step if clean else None)
+
+
+def _ended(running: list[mp.process.BaseProcess], sentinels: list) -> list[mp.process.BaseProcess]:
+    """The processes whose `sentinels` are ready, reaped; those a signal ended first: a loss
+    is the cause of its peers' errors, and the launcher may see both in one look."""
+    ended = [p for p in running if p.sentinel in sentinels]
+    for p in ended:
+        p.join()
+    return sorted(ended, key=lambda p: not (p.exitcode < 0 or p.exitcode == DONOR_LOST))
 
 
 def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Exception:

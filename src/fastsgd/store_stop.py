@@ -37,6 +37,7 @@ class StoreStop:
         self.stop_at = 0
         self.step = 0  # the last step done here: what the looks publish
         self.looked: tuple[float, int] | None = None  # (when, at which step): from the first
+        self.rate = 0.0  # steps/s here, over the last look's period
         # no more than about 4000 store requests a second in all, however many workers
         self.every = self.LOOK_EVERY * max(1.0, world_size / 200)
         self._wake = threading.Event()  # a SIGINT: look now
@@ -95,8 +96,12 @@ class StoreStop:
 
     def _look(self, step: int, now: float) -> None:
         assert self.looked is not None
-        rate = (step - self.looked[1]) / max(now - self.looked[0], 1e-3)  # steps/s
-        self.looked = (now, step)
+        if now - self.looked[0] >= self.every / 2:  # a look the SIGINT woke early measures
+            # nothing: one step in its millisecond would read as a thousand a second, and the
+            # stop would be proposed seconds ahead
+            self.rate = (step - self.looked[1]) / (now - self.looked[0])
+            self.looked = (now, step)
+        rate = self.rate
         self.store.set(f"{self.key}/at/{self.rank}", f"{step} {rate:.3f}")
         if self.asked and not self.proposed:
             self.proposed = True

@@ -3,7 +3,6 @@ beside the scheduler, the same bits (test_sim_determinism.py runs every strategy
 without them), and none where the order of computing would matter."""
 
 import threading
-import time
 
 import pytest
 import torch
@@ -77,8 +76,10 @@ def test_deferred_work_is_done_before_the_workers_next_compute_and_meanwhile_it_
     lanes = Lanes(2)
     try:
         user, done, went_on = LaneUser(lanes), threading.Event(), []
-        user.defer(lambda: (time.sleep(0.05), done.set()))
+        gate = threading.Event()  # the deferred work ends only once the worker went on
+        user.defer(lambda: (gate.wait(30), done.set()))
         went_on.append(done.is_set())  # the worker went on while its lane mixed
+        gate.set()
         seen = user.offload(lambda charged: done.is_set(), lambda: None, lambda: None,
                             lambda tensor, average: None)
         assert went_on == [False] and seen  # on the other lane, it waited all the same
