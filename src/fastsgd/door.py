@@ -33,6 +33,7 @@ from pathlib import Path
 from fastsgd.errors import UserError
 from fastsgd.interrupt import Stop
 from fastsgd.rundir import DOOR
+from fastsgd.slots import Slots
 
 EVERY = 0.1  # s between looks at the door, on both sides
 TAKEN = -1  # the answer while the launcher admits the request (it can no longer be withdrawn)
@@ -139,15 +140,13 @@ def knock(stop: Stop, run_dir: Path, say: Callable[[str], None]) -> str | None:
     slots, me = stop.slots, os.getpid()
     try:
         while not _request(stop, me):
-            if slots["closed"]:
+            if _run_over(slots, run_dir):
                 return None
-            _check_running(slots["pid"], run_dir)
             time.sleep(EVERY)
         said, since = False, time.monotonic()
         while slots["answer"] <= 0:
-            if slots["answer"] == CLOSED or slots["closed"] and not slots["answer"]:
+            if slots["answer"] == CLOSED or _run_over(slots, run_dir) and not slots["answer"]:
                 return None
-            _check_running(slots["pid"], run_dir)
             if not said and time.monotonic() - since > 1.0:
                 said = True
                 say(f"all {slots['workers']} workers of {run_dir} are running; waiting to take "
@@ -177,6 +176,21 @@ def _withdraw(stop: Stop, me: int) -> None:
     with stop.lock:
         if stop.slots["request"] == me and not stop.slots["answer"]:
             stop.slots["request"] = 0
+
+
+def _run_over(slots: Slots, run_dir: Path) -> bool:
+    """Whether the run closed its door; UserError if its launcher is gone without closing it
+    (killed). The door is looked at again after the launcher: a run that closes its door
+    and ends between the two looks ended, as far as a joiner is concerned."""
+    if slots["closed"]:
+        return True
+    try:
+        _check_running(slots["pid"], run_dir)
+    except UserError:
+        if slots["closed"]:
+            return True
+        raise
+    return False
 
 
 def _check_running(pid: int, run_dir: Path) -> None:

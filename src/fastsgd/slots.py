@@ -43,8 +43,9 @@ class Slots:
 
     def __init__(self, workers: int, path: Path | None = None, fd: int | None = None):
         size = 8 * (len(HEADER) + len(ARRAYS) * workers)
-        if path is not None and fd is None:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        made = path is not None and fd is None
+        if made:  # under another name until it is whole: a joiner may be waiting for `path`
+            fd = os.open(f"{path}.{os.getpid()}", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             os.ftruncate(fd, size)
         self.fd = fd
         self._map = mmap.mmap(-1 if fd is None else fd, size)
@@ -52,9 +53,10 @@ class Slots:
         self.header = words[:len(HEADER)]
         self.arrays = {name: words[len(HEADER) + i * workers:len(HEADER) + (i + 1) * workers]
                        for i, name in enumerate(ARRAYS)}
-        if path is not None and fd is not None and self["magic"] != MAGIC:
+        if made:
             self["workers"] = workers
             self["magic"] = MAGIC
+            os.replace(f"{path}.{os.getpid()}", path)
 
     @classmethod
     def attach(cls, path: Path) -> Slots:

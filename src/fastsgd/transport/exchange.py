@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable
 
 import torch
 
 from fastsgd.transport import frames
 from fastsgd.transport.base import PeerLost
-from fastsgd.transport.messages import Messenger
+from fastsgd.transport.messages import Messenger, Posted
 
 TAG = frames.EXCHANGE_TAG
 KEEP = 2  # rounds whose outgoing message is kept: this one and the one before
@@ -51,8 +50,8 @@ class Exchanges:
         # the peer after this one first, as in the simulator: on a ring, each host's first
         # message then goes to a different host, and every downlink is busy from the start
         for dst, tensor in sorted(outgoing, key=lambda o: (o[0] - self.rank) % self.world_size):
-            self.kept[step], _ = self.messenger.send(tensor, dst, TAG, step)
-            self._kill_if_asked(step)
+            self.kept[step], posted = self.messenger.send(tensor, dst, TAG, step)
+            self._kill_if_asked(step, posted)
         for old in [s for s in self.kept if s <= step - KEEP]:
             del self.kept[old]
         received, lost = {}, []
@@ -63,11 +62,11 @@ class Exchanges:
                 lost.append(src)
         return received, lost
 
-    def _kill_if_asked(self, step: int) -> None:
+    def _kill_if_asked(self, step: int, posted: Posted) -> None:
         """Fault tests: FASTSGD_TEST_KILL=RANK:STEP:exchange kills this worker (kill -9) in
         step STEP once its first message of the round is out, before the next one."""
         if os.environ.get("FASTSGD_TEST_KILL") == f"{self.rank}:{step + 1}:exchange":
-            time.sleep(0.5)  # the sender thread has written it
+            posted.wait()  # the sender thread has written it
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _take(self, src: int, step: int) -> torch.Tensor:
