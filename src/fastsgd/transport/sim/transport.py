@@ -25,74 +25,14 @@ from fastsgd.transport.base import (
     tree_broadcast_bytes,
 )
 from fastsgd.transport.frames import frame_bytes
-from fastsgd.transport.sim.collective import Collective
 from fastsgd.transport.sim.fabric import SimFabric
 from fastsgd.transport.sim.faults import Crashed
+from fastsgd.transport.sim.handles import LeftUplink, SimHandle, sole_user
 from fastsgd.transport.sim.lanes import Deferred, LaneUser
+from fastsgd.transport.sim.members import SimMembers
 
 
-class SimHandle:
-    """A simulated collective in flight. `released`: the output tensor's storage was given
-    up when the worker arrived (`_sole_user`); `wait` hands it a new one with the result."""
-
-    def __init__(self, transport: SimTransport, op: Collective, out: torch.Tensor | None,
-                 released: bool = False, average: bool = False):
-        self._transport, self._op, self._out = transport, op, out
-        self._released, self._average = released, average
-
-    def wait(self) -> None:
-        t = self._transport  # no yield first: blocking runs what is due, then wakes us
-        if self._op.end is None:
-            self._op.waiting.add(t.rank)
-            t.scheduler.block(t.rank)
-        if self._out is None:
-            return
-        result = self._op.result
-        if self._average:  # divided as it is handed back: one pass over it, not two
-            n = len(t.members())
-            if self._released:
-                self._out.set_(torch.div(result, n))
-            else:
-                torch.div(result, n, out=self._out)
-        elif self._released:  # the result is shaped as what the worker brought
-            self._out.set_(result.clone())
-        else:
-            self._out.copy_(result)
-        self._out = None
-
-
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _sole_user(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` may give up its storage while its all-reduce is in flight: nothing
-    else uses it (no view, no other tensor: those must see the result in place). What a
-    worker brings is folded in on arrival and its contents are undefined until wait(), as on
-    real processes. A buffer that each of hundreds of simulated workers held through the
-    wait has left the cache when the result is copied into it; given up, it is folded in
-    without a copy, and the next worker's buffers reuse its memory while it is still in the
-    cache (docs/simulator.md, "Scale and speed")."""
-    if _use_count is None or tensor.requires_grad or tensor.numel() == 0:
-        return False
-    return _use_count(tensor.untyped_storage()._cdata) == 2  # the tensor, the query's own
-
-
-class _Left:
-    """A posted message's handle: `wait()` returns once it is past the sender's uplink (the
-    worker waits as a blocking send would, without computing)."""
-
-    def __init__(self, transport: SimTransport, left: int):
-        self._transport, self._left = transport, left
-
-    def wait(self) -> None:
-        t = self._transport
-        behind = self._left - t.scheduler.now(t.rank)
-        if behind > 0:
-            t.scheduler.charge(t.rank, behind)
-            t.scheduler.yield_(t.rank)
-
-
-class SimTransport:
+class SimTransport(SimMembers):
     """Transport of logical worker `rank` in a simulated cluster (see module docstring)."""
 
     def __init__(self, rank: int, fabric: SimFabric,
@@ -115,7 +55,7 @@ class SimTransport:
     def _collective(self, tensor: torch.Tensor, kind: str, size: int, combine: str | int,
                     out: torch.Tensor | None, average: bool = False) -> SimHandle:
         # no scheduling point: what a worker brings does not depend on what else is due
-        give = combine == "sum" and out is tensor and _sole_user(tensor)
+        give = combine == "sum" and out is tensor and sole_user(tensor)
         op = self.fabric.arrive(self._seq, self.rank, tensor,
                                 lambda: self.fabric.price(kind, size), combine, give)
         self._seq += 1
@@ -222,7 +162,7 @@ class SimTransport:
             self._count(frame_bytes(tensor), 0)
         left = self.fabric.post(self.rank, dst, tensor, tag, droppable, copy=False,
                                 to=self._to(dst))
-        return Done() if handling or left is None else _Left(self, left)
+        return Done() if handling or left is None else LeftUplink(self, left)
 
     def _to(self, dst: int) -> int:
         """The process standing for `dst` that a message is meant for, by its join step: at
@@ -278,62 +218,6 @@ class SimTransport:
             self.fabric.awaiting[self.rank] = tag
             self.scheduler.block(self.rank)  # woken by a message or a departure
             self.fabric.news.pop(self.rank, None)
-
-    def members(self) -> list[int]:
-        fabric = self.fabric  # (a handler sees what happened before its own time)
-        if fabric.membership.faults.crashing and fabric.handling_at is None:
-            self.scheduler.yield_(self.rank)  # what happened before this worker's clock
-        if fabric.replace is None:
-            return list(fabric.membership.members)
-        gone = self.absent(self._step) | set(self.departed())
-        return [r for r in fabric.membership.members if r not in gone]
-
-    def departed(self) -> dict[int, tuple[int, float]]:
-        """The workers lost now, and not replaced (as the survivors know)."""
-        membership = self.fabric.membership
-        return {r: (membership.dead[r], membership.when[r]) for r in membership.known}
-
-    def returned_at(self, rank: int, step: int) -> int:
-        """The step the process standing for `rank` at `step` joined at (0: the first)."""
-        return self.fabric.membership.roster.returned_at(rank, step)
-
-    def absent(self, step: int) -> set[int]:
-        """The workers that take no part in `step`: lost before it, and not back (roster.py)."""
-        membership = self.fabric.membership
-        return membership.roster.absent(membership.departures, step)
-
-    def starting(self, step: int) -> list[tuple[int, int]]:
-        """This worker starts `step`; per rank, the step its latest new process joins at
-        (0: none) and its donor (rejoin.py); none without run.rejoin (a list per worker and
-        step is n^2 work at 1024 workers)."""
-        self.fabric.progress[self.rank] = self._step = step
-        if self.fabric.replace is None:
-            return []
-        membership = self.fabric.membership
-        return list(zip(membership.since, membership.donor))
-
-    def note_returns(self, step: int, joined_at: list[int]) -> None:
-        """Known already: the simulated cluster keeps one roster (faults.Membership)."""
-        self._step = step
-
-    def join_state(self) -> dict:
-        """What a new process taking its state from this worker needs of the transport: how
-        many collectives have run (the next one's number)."""
-        return {"collectives": self._seq}
-
-    def load_join_state(self, saved: dict) -> None:
-        self._seq = int(saved["collectives"])
-
-    def leave(self, step: int) -> None:
-        """A new process whose donor was lost first leaves, as a lost worker does (from its
-        join step); the launcher starts another."""
-        self.fabric.crash(self.rank, step)
-        raise Crashed()
-
-    def rejoins(self) -> list[dict[str, float]]:
-        """Every departure, with the step a new process took the rank's place from."""
-        membership = self.fabric.membership
-        return membership.roster.history(membership.departures, 0.0)
 
     def now(self) -> float:
         return self.scheduler.now(self.rank) / 1e9
