@@ -220,9 +220,22 @@ def test_the_command_line_imports_torch_inside_its_error_handling():
 def test_ctrl_c_while_starting_is_one_line(tmp_path, after):
     proc = subprocess.Popen([sys.executable, "-m", "fastsgd", "run", "--set", "data.name=digits",
                              "--set", f"run.out={tmp_path / 'run'}", "--quiet"],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,  # SIGINT as from a terminal:
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(after)  # importing torch takes 1-4 s
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert err.startswith("fastsgd: interrupted") and len(err.splitlines()) == 1, err[-3000:]
+
+
+def test_an_interrupt_inside_a_string_exec_still_ends_with_130(tmp_path):
+    # the CI failure of 2026-12-03: Ctrl-C while torch's import ran a dataclass's generated
+    # code; `python -m fastsgd` said "fastsgd: interrupted" and then died by SIGINT
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import sys\nfrom fastsgd import cli\n\n\ndef dispatch(args):\n"
+        "    exec('raise KeyboardInterrupt')\n\n\ncli._dispatch = dispatch\n"
+        "sys.exit(cli.main(['keys']))\n")
+    done = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (130, "fastsgd: interrupted\n")

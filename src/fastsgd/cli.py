@@ -222,13 +222,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Interrupted says how far the run got and how to resume
         if str(e) or not isinstance(e, Interrupted):  # (under torchrun, rank 0 says it)
             print(f"fastsgd: {str(e) or 'interrupted'}", file=sys.stderr)
+        # CPython marks a KeyboardInterrupt that ended a string exec (dataclasses and
+        # namedtuple build their methods so, e.g. in torch's import) as never handled, and
+        # `python -m` then ends by SIGINT whatever it returns; a string exec clears the mark
+        exec("")
         return 130
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from fastsgd import config as cfg
-    from fastsgd.job import Job
-    from fastsgd.report import text_report, write_run_report
+    from fastsgd.interrupt import held
+
+    with held():  # Ctrl-C in the seconds these take: "interrupted" once they are done
+        from fastsgd import config as cfg
+        from fastsgd.job import Job
+        from fastsgd.report import text_report, write_run_report
 
     if args.command == "topology":
         return _show_topology(args)

@@ -197,6 +197,24 @@ def catching(handler: Any = signal.default_int_handler) -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
 
 
+@contextmanager
+def held() -> Iterator[None]:
+    """A SIGINT while inside is raised as KeyboardInterrupt on leaving, in the main thread.
+    For imports: one cut short can leave a third-party module half made (numpy's import,
+    seen), which then fails later with an error of its own instead of "interrupted"."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    asked: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda *_: asked.append(1))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if asked:
+        raise KeyboardInterrupt
+
+
 def _again(stop: Stop) -> None:
     """The first Ctrl-C asks to stop; a second one stops at once (no checkpoint)."""
     if stop.stop_at.value:
