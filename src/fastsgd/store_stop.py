@@ -58,7 +58,6 @@ class StoreStop:
         own: on a busy link the store's answers queue behind the training's own data
         (0.05-0.2 s a look on emulated 20 Mbit/s hosts, docs/multihost.md), which the
         training thread must not wait for. Only at the stop does it use the store itself."""
-        self.step = step
         if self._looker is None:  # rates count from the first step done here, not setup
             self.looked = (time.monotonic(), step)
             self._looker = threading.Thread(target=self._look_loop, daemon=True,
