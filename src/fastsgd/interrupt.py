@@ -202,15 +202,9 @@ def held() -> Iterator[None]:
     """A SIGINT while inside is raised as KeyboardInterrupt on leaving, in the main thread.
     For imports: one cut short can leave a third-party module half made (numpy's import,
     seen), which then fails later with an error of its own instead of "interrupted"."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     asked: list[int] = []
-    before = signal.signal(signal.SIGINT, lambda *_: asked.append(1))
-    try:
+    with catching(lambda *_: asked.append(1)):
         yield
-    finally:
-        signal.signal(signal.SIGINT, before)
     if asked:
         raise KeyboardInterrupt
 

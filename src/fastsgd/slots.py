@@ -43,9 +43,9 @@ class Slots:
 
     def __init__(self, workers: int, path: Path | None = None, fd: int | None = None):
         size = 8 * (len(HEADER) + len(ARRAYS) * workers)
-        made = path is not None and fd is None
-        if made:  # under another name until it is whole: a joiner may be waiting for `path`
-            fd = os.open(f"{path}.{os.getpid()}", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        making = None if path is None or fd is not None else f"{path}.{os.getpid()}"
+        if making:  # under another name until it is whole: a joiner may be waiting for `path`
+            fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             os.ftruncate(fd, size)
         self.fd = fd
         self._map = mmap.mmap(-1 if fd is None else fd, size)
@@ -53,10 +53,10 @@ class Slots:
         self.header = words[:len(HEADER)]
         self.arrays = {name: words[len(HEADER) + i * workers:len(HEADER) + (i + 1) * workers]
                        for i, name in enumerate(ARRAYS)}
-        if made:
+        if making:
             self["workers"] = workers
             self["magic"] = MAGIC
-            os.replace(f"{path}.{os.getpid()}", path)
+            os.replace(making, path)
 
     @classmethod
     def attach(cls, path: Path) -> Slots:

@@ -100,11 +100,10 @@ class StoreStop:
             # stop would be proposed seconds ahead
             self.rate = (step - self.looked[1]) / (now - self.looked[0])
             self.looked = (now, step)
-        rate = self.rate
-        self.store.set(f"{self.key}/at/{self.rank}", f"{step} {rate:.3f}")
+        self.store.set(f"{self.key}/at/{self.rank}", f"{step} {self.rate:.3f}")
         if self.asked and not self.proposed:
             self.proposed = True
-            furthest, fastest = step, rate
+            furthest, fastest = step, self.rate
             for r in range(self.world_size):
                 key = f"{self.key}/at/{r}"
                 if self.store.check([key]):
