@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from fastsgd import data, models
     from fastsgd.compress import Identity
     from fastsgd.errors import ConfigError, UserError
-    from fastsgd.job import Job, Result
+    from fastsgd.job import Job
     from fastsgd.replica import Replica
+    from fastsgd.results import Result
     from fastsgd.strategies import AllReduce, Context, Strategy
     from fastsgd.transport.base import Transport
     from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, SimTransport
@@ -34,7 +35,7 @@ __version__ = "0.1.0"
 
 _WHERE = {"data": "fastsgd.data", "models": "fastsgd.models", "Identity": "fastsgd.compress",
           "ConfigError": "fastsgd.errors", "UserError": "fastsgd.errors",
-          "Job": "fastsgd.job", "Result": "fastsgd.job", "Replica": "fastsgd.replica",
+          "Job": "fastsgd.job", "Result": "fastsgd.results", "Replica": "fastsgd.replica",
           "AllReduce": "fastsgd.strategies", "Context": "fastsgd.strategies",
           "Strategy": "fastsgd.strategies", "Transport": "fastsgd.transport.base",
           "ComputeModel": "fastsgd.transport.sim", "Heterogeneity": "fastsgd.transport.sim",

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fastsgd import config as cfg
-from fastsgd import interrupt, pack
+from fastsgd import pack
 from fastsgd.components import (
     OptimizerFn,
     function_from_config,
@@ -23,52 +21,27 @@ from fastsgd.components import (
 )
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.data import Dataset, load_dataset
-from fastsgd.errors import ConfigError, Interrupted, UserError, WorkerFailed
+from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks import brings_its_step, model_loss_step
 from fastsgd.frameworks.base import NO_DDP
 from fastsgd.launch import launch
-from fastsgd.metrics import read_jsonl, write_json
 from fastsgd.models import build_model
 from fastsgd.objects import is_import_path, resolve
-from fastsgd.observe import EvalLog, Observer
 from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.plan import EvalFn, Plan, StepFn, evaluate_classifier
-from fastsgd.processes import backend_of, door_of, expendable, rejoin_steps, train_process
-from fastsgd.profiling import needs_profile, profile
+from fastsgd.processes import door_of, expendable, rejoin_steps, train_process
+from fastsgd.results import Result, result_of
 from fastsgd.rundir import agree, claim, default_out, dropped_if_empty
-from fastsgd.store_stop import StoreStop
+from fastsgd.simulation import check_compute, simulate_plan
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
 from fastsgd.supervise import supervise
-from fastsgd.transport.rendezvous import peer_gone
-from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
-from fastsgd.transport.sim.compute import compute_model
-from fastsgd.transport.sim.lanes import ahead_for, cores, draws_random
+from fastsgd.torchrun import NO_JOIN, train_under_torchrun
+from fastsgd.transport.sim import ComputeModel, Faults, Network
 from fastsgd.transport.torch_dist import TorchTransport
-from fastsgd.worker import train
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
 ARCHIVE_SUFFIX = ".fsj"  # a job archive (fastsgd pack) in place of a config file
-NO_JOIN = ("run.join = true lets processes from outside (fastsgd join) into `fastsgd run`'s "
-           "own workers, not into {where}: {instead}")
-
-
-@dataclass
-class Result:
-    """What a run leaves: the summary (see DESIGN.md §1) and the run directory."""
-
-    summary: dict[str, Any] | None
-    run_dir: Path
-
-    @property
-    def accuracy(self) -> float | None:
-        return self.summary["final_accuracy"] if self.summary else None
-
-    def metrics(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.run_dir / "metrics.jsonl")
-
-    def evals(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.run_dir / "eval.jsonl")
 
 
 class Job:
@@ -173,7 +146,7 @@ class Job:
                 lambda: train_process(plan), config["run"]["workers"], restart=attempt,
                 expendable=expendable(plan), survivors_stop=config["run"]["on_failure"] == "stop",
                 rejoin=rejoin_steps(plan), door=door_of(plan)))
-        return _result(plan.run_dir, failures)
+        return result_of(plan.run_dir, failures)
 
     def _names_the_folder(self, config: dict) -> bool:
         """fastsgd chose the run directory (runs/STRATEGY-TIME), not the user."""
@@ -188,7 +161,7 @@ class Job:
         net = network or Network.parse(**config["network"], seed=seed)
         net.check(n)
         if compute is None:
-            _check_compute(config["compute"], n, seed)
+            check_compute(config["compute"], n, seed)
         # before the run directory exists
         faults = Faults.parse(config["faults"], n, config["run"]["rejoin"])
         if config["run"]["join"]:
@@ -201,58 +174,13 @@ class Job:
         faults.check_run(strategy, self._codec(config), config)
         plan = self.plan(config, simulated=True)
         with dropped_if_empty(plan.run_dir, self._names_the_folder(config)):
-            return self._simulate(plan, compute, net, faults)
-
-    def _simulate(self, plan: Plan, compute: ComputeModel | None, net: Network,
-                  faults: Faults) -> Result:
-        config, n, seed = plan.config, plan.config["run"]["workers"], plan.config["run"]["seed"]
-        if compute is None and needs_profile(config["compute"]):
-            plan.config = cfg.merged(plan.config, compute=profile(plan))
-        model = compute or compute_model(plan.config["compute"], seed)
-        plan.observer = Observer(n, plan.config["run"]["representative"],
-                                 lambda m: plan.evaluate(m, plan.dataset, torch.device("cpu")),
-                                 EvalLog(plan.run_dir / "eval.jsonl",
-                                         plan.config["run"]["target_accuracy"]))
-        lanes, ahead = compute_lanes(plan, model)
-        with interrupt.simulated(n) as stop:
-            simulate(n, lambda t: train(plan, t), net, model, faults, plan.observer.crashed,
-                     plan.total_steps(n), lanes, ahead)
-        if 0 < stop.stop_at.value < plan.total_steps(n):  # Ctrl-C: checkpoints written
-            step = stop.stop_at.value
-            raise Interrupted(f"interrupted: every worker stopped after step {step} and wrote "
-                              f"a checkpoint; resume with: fastsgd simulate --resume "
-                              f"{plan.run_dir}", step)
-        return _result(plan.run_dir)
+            simulate_plan(plan, compute, net, faults)
+        return result_of(plan.run_dir)
 
     def _run_here(self) -> Result:
-        """One worker of a torchrun job; Ctrl-C as store_stop.py says."""
-        run = self.config["run"]
-        if run["join"]:
-            raise ConfigError(NO_JOIN.format(where="torchrun", instead="torchrun's own "
-                                             "--max-restarts restarts every worker"))
-        transport = TorchTransport(backend_of(self.config), run["timeout"])
-        stop = StoreStop(transport.store(), transport.rank, transport.world_size)
-        interrupt.share(stop)
-        try:
-            config = cfg.merged(self.config, run={"workers": transport.world_size})
-            plan = self.plan(config, transport=transport)
-            with interrupt.catching(stop.on_sigint):
-                summary = train(plan, transport)
-            if 0 < stop.stop_at < plan.total_steps(transport.world_size):
-                where = "" if transport.rank else (
-                    f"every worker stopped after step {stop.stop_at} and wrote a checkpoint; "
-                    f"resume with the same torchrun command and --resume {plan.run_dir}")
-                raise Interrupted(f"interrupted: {where}" if where else "", stop.stop_at)
-        except RuntimeError as e:
-            if not peer_gone(e):
-                raise
-            # one line; under torchrun --max-restarts the agent then restarts every worker
-            raise WorkerFailed(f"worker {transport.rank}: a peer is gone "
-                               f"({str(e).splitlines()[0]})") from None
-        finally:
-            stop.close()
-            interrupt.share(None)
-            transport.close()
+        """One worker of a torchrun job (torchrun.py)."""
+        summary, plan = train_under_torchrun(
+            self.config, lambda config, transport: self.plan(config, transport=transport))
         return Result(summary, plan.run_dir)
 
     def _with_workers(self, workers: int | None) -> dict:
@@ -360,39 +288,3 @@ def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:
         raise UserError(f"compression.name = '{codec.name}' applies momentum itself "
                         f"(compression.momentum = {momentum}): set optimizer.momentum = 0, "
                         f"not {optimizer['momentum']}")
-
-
-def _check_compute(section: dict, workers: int, seed: int) -> None:
-    """Bad `[compute]` input fails before the run directory exists (one line)."""
-    if section["trace"]:
-        load_trace(section["trace"]).check(workers)
-    if not needs_profile(section):
-        compute_model(section, seed)
-
-
-def compute_lanes(plan: Plan, compute: ComputeModel) -> tuple[int, int]:
-    """Compute lanes for a simulation and how far ahead they may compute
-    (transport/sim/lanes.py): none where the order of computing would change the run
-    (measured compute, workers that share their parameters, a step that draws random
-    numbers)."""
-    lanes = plan.config["compute"]["lanes"]
-    lanes = cores() if lanes < 0 else lanes
-    if not lanes or not compute.deterministic or getattr(plan.strategy, "HOST_MEMORY", False):
-        return 0, 0
-    with torch.random.fork_rng(devices=[]):
-        model = plan.make_model()
-        batch = plan.shard(0, plan.config["run"]["workers"]).batch(0)
-        if draws_random(lambda: plan.step(model, batch)):
-            return 0, 0
-    return lanes, ahead_for(model, lanes)
-
-
-def _result(run_dir: Path, failures: list[dict[str, Any]] | None = None) -> Result:
-    """The run's summary; `failures` (worker processes that died and the restarts that
-    followed) are added to summary.json."""
-    path = run_dir / "summary.json"
-    summary = json.loads(path.read_text()) if path.exists() else None
-    if summary is not None and failures:
-        summary["failures"] = failures
-        write_json(path, summary)
-    return Result(summary, run_dir)

@@ -1,14 +1,17 @@
 """The end of a worker's run: the last evaluation, the totals every worker adds to, and the
-leader's summary.json and model.pt."""
+leader's summary.json and model.pt; and what a Job returns of them (Result)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fastsgd import interrupt
-from fastsgd.metrics import write_json
+from fastsgd.metrics import read_jsonl, write_json
 
 if TYPE_CHECKING:
     from fastsgd.worker import _Loop as Loop
@@ -97,3 +100,32 @@ def summary(loop: Loop, wall_time: float, end: float, totals: list[float]) -> di
         "mode": "simulated" if loop.plan.simulated else "real",
         "run_dir": str(loop.plan.run_dir),
     }
+
+
+@dataclass
+class Result:
+    """What a run leaves: the summary (see DESIGN.md §1) and the run directory."""
+
+    summary: dict[str, Any] | None
+    run_dir: Path
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.summary["final_accuracy"] if self.summary else None
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.run_dir / "metrics.jsonl")
+
+    def evals(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.run_dir / "eval.jsonl")
+
+
+def result_of(run_dir: Path, failures: list[dict[str, Any]] | None = None) -> Result:
+    """The run's summary; `failures` (worker processes that died and the restarts that
+    followed) are added to summary.json."""
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else None
+    if summary is not None and failures:
+        summary["failures"] = failures
+        write_json(path, summary)
+    return Result(summary, run_dir)

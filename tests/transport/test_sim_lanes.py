@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import fastsgd as fs
-from fastsgd.job import compute_lanes
+from fastsgd.simulation import compute_lanes
 from fastsgd.transport.sim import ComputeModel
 from fastsgd.transport.sim.lanes import Lanes, LaneUser, draws_random
 

@@ -1,0 +1,54 @@
+"""One worker of a torchrun job (Job.run under torchrun): its transport, the run directory
+every rank agrees on, and Ctrl-C as store_stop.py says."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastsgd import config as cfg
+from fastsgd import interrupt
+from fastsgd.errors import ConfigError, Interrupted, WorkerFailed
+from fastsgd.plan import Plan
+from fastsgd.processes import backend_of
+from fastsgd.store_stop import StoreStop
+from fastsgd.transport.rendezvous import peer_gone
+from fastsgd.transport.torch_dist import TorchTransport
+from fastsgd.worker import train
+
+NO_JOIN = ("run.join = true lets processes from outside (fastsgd join) into `fastsgd run`'s "
+           "own workers, not into {where}: {instead}")
+
+PlanFn = Callable[[dict, TorchTransport], Plan]
+
+
+def train_under_torchrun(config: dict, make_plan: PlanFn) -> tuple[dict[str, Any] | None, Plan]:
+    """Train this process as the worker torchrun made it; `make_plan(config, transport)`
+    resolves the job once the group is formed. Returns the summary and the plan."""
+    run = config["run"]
+    if run["join"]:
+        raise ConfigError(NO_JOIN.format(where="torchrun", instead="torchrun's own "
+                                         "--max-restarts restarts every worker"))
+    transport = TorchTransport(backend_of(config), run["timeout"])
+    stop = StoreStop(transport.store(), transport.rank, transport.world_size)
+    interrupt.share(stop)
+    try:
+        plan = make_plan(cfg.merged(config, run={"workers": transport.world_size}), transport)
+        with interrupt.catching(stop.on_sigint):
+            summary = train(plan, transport)
+        if 0 < stop.stop_at < plan.total_steps(transport.world_size):
+            where = "" if transport.rank else (
+                f"every worker stopped after step {stop.stop_at} and wrote a checkpoint; "
+                f"resume with the same torchrun command and --resume {plan.run_dir}")
+            raise Interrupted(f"interrupted: {where}" if where else "", stop.stop_at)
+    except RuntimeError as e:
+        if not peer_gone(e):
+            raise
+        # one line; under torchrun --max-restarts the agent then restarts every worker
+        raise WorkerFailed(f"worker {transport.rank}: a peer is gone "
+                           f"({str(e).splitlines()[0]})") from None
+    finally:
+        stop.close()
+        interrupt.share(None)
+        transport.close()
+    return summary, plan
