@@ -77,7 +77,7 @@ def test_a_real_post_waits_until_written_or_the_link_ends():
     import time
     from types import SimpleNamespace
 
-    from fastsgd.transport.messages import Posted
+    from fastsgd.transport.link import Posted
 
     link = SimpleNamespace(peer=3, written=0, closed=False, progress=threading.Condition())
     lost = threading.Event()

@@ -27,7 +27,8 @@ import torch
 
 from fastsgd.transport import frames
 from fastsgd.transport.base import PeerLost
-from fastsgd.transport.messages import Messenger, Posted
+from fastsgd.transport.link import Posted
+from fastsgd.transport.messages import Messenger
 
 TAG = frames.EXCHANGE_TAG
 KEEP = 2  # rounds whose outgoing message is kept: this one and the one before

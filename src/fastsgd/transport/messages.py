@@ -31,7 +31,6 @@ sit idle that long: the messenger shortens it to SWITCH_INTERVAL.
 
 from __future__ import annotations
 
-import queue
 import selectors
 import socket
 import sys
@@ -43,64 +42,10 @@ import torch
 
 from fastsgd.transport import frames
 from fastsgd.transport.connections import connect, hello, rejoin
+from fastsgd.transport.link import GOODBYE_TAG, Link, Posted, send_loop
 from fastsgd.transport.mailbox import Mailbox
 
 SWITCH_INTERVAL = 0.0005  # s: how long a thread waits for the interpreter lock before asking
-GOODBYE_TAG = frames.STOP_TAG
-
-
-class _Link:
-    """The connection to one peer: its sender thread's queue, the frame being read, and the
-    step of the last whole frame read that shows how far its sender got
-    (frames.shows_progress)."""
-
-    def __init__(self, sock: socket.socket, peer: int, since: int = 0, own: int = 0):
-        self.sock, self.peer = sock, peer
-        self.since = since  # the first step the process at the other end sends for
-        self.ended = False  # read to its end: nothing more comes from that process
-        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        # frames numbered as queued; `written` the last one its sender thread has written
-        # (`Posted.wait`), `closed` once that thread has ended and writes no more
-        self.queued = self.written = 0
-        self.closed = False
-        self.progress = threading.Condition()
-        self.header = torch.empty(frames.HEADER_WORDS, dtype=torch.int64)
-        # a peer lost before it sent anything left, as far as this process can tell, when
-        # either end joined (`own`: this process's join step)
-        self.last_step = max(since, own) - 1
-        self.expect_header()
-
-    def expect_header(self) -> None:
-        self.payload: tuple[int, torch.Tensor] | None = None  # (tag, tensor) once known
-        self.view, self.got = frames.as_bytes(self.header), 0
-
-    def expect_payload(self, tag: int, payload: torch.Tensor) -> None:
-        self.payload, self.view, self.got = (tag, payload), frames.as_bytes(payload), 0
-
-
-class Posted:
-    """A message queued for a peer (Messenger.send): `wait()` returns once the sender thread
-    has written it to the connection (frame `number` of `link`), or will not (the link
-    ended, or the peer is lost); TimeoutError after `timeout` s of a connection that takes
-    nothing (a peer that stopped reading). No link: delivered in-process, held for a joiner,
-    or to a lost peer: nothing to wait for."""
-
-    def __init__(self, link: _Link | None = None, number: int = 0,
-                 lost: Callable[[], bool] = lambda: False, timeout: float = 300.0):
-        self.link, self.number, self.lost, self.timeout = link, number, lost, timeout
-
-    def wait(self) -> None:
-        link = self.link
-        if link is None:
-            return
-        deadline = time.monotonic() + self.timeout
-        with link.progress:
-            while link.written < self.number and not link.closed and not self.lost():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"a message to worker {link.peer} was not written "
-                                       f"within {self.timeout} s: the peer takes nothing")
-                link.progress.wait(min(left, 1.0))  # and look whether the peer was lost
 
 
 class Messenger:
@@ -129,13 +74,13 @@ class Messenger:
         socks, self._listener = (
             connect(rank, world_size, store, key, host, timeout) if joining is None
             else rejoin(rank, world_size, store, key, host, timeout, joining))
-        self._links: dict[int, _Link] = {}
+        self._links: dict[int, Link] = {}
         self._selector = selectors.DefaultSelector()
         if accept:
             self._selector.register(self._listener, selectors.EVENT_READ, None)
         else:
             self._listener.close()
-        self._retired: list[_Link] = []  # lost ones' connections that joiners replaced
+        self._retired: list[Link] = []  # lost ones' connections that joiners replaced
         self._threads: list[threading.Thread] = []
         self._closing = False
         # per rank a new worker will join as: what was sent to it before it connected
@@ -160,7 +105,7 @@ class Messenger:
         lost one at step `joined_at`: its messages go there from now on."""
         with self._links_lock:
             old = self._links.get(peer)
-            link = self._links[peer] = _Link(sock, peer, joined_at or 0, self.joined_at)
+            link = self._links[peer] = Link(sock, peer, joined_at or 0, self.joined_at)
             if old is not None:  # the lost one's: its sender thread ends, once it is not
                 old.outbox.put(None)  # the rank's link (its failing goodbye would lose the rank)
                 self._retired.append(old)
@@ -171,7 +116,7 @@ class Messenger:
             if joined_at is not None:
                 self._joined(peer, joined_at)
         self._selector.register(sock, selectors.EVENT_READ, link)
-        thread = threading.Thread(target=self._send_loop, args=(link,), daemon=True,
+        thread = threading.Thread(target=send_loop, args=(link, self._sender_failed), daemon=True,
                                   name=f"fastsgd-send-{self.rank}-{peer}")
         self._threads.append(thread)
         thread.start()
@@ -239,31 +184,15 @@ class Messenger:
             else:
                 handler(src, payload)
 
-    def _send_loop(self, link: _Link) -> None:
-        """Frames to one peer, in the order queued; None: send the goodbye, stop. A peer that
-        is gone takes nothing more (as for a crashed worker in the simulator)."""
-        try:
-            while (frame := link.outbox.get()) is not None:
-                header, payload, number = frame
-                link.sock.sendall(frames.as_bytes(header))
-                if payload.numel():
-                    link.sock.sendall(frames.as_bytes(payload))
-                if number:
-                    with link.progress:
-                        link.written = number
-                        link.progress.notify_all()
-            link.sock.sendall(frames.as_bytes(frames.header(torch.zeros(0), GOODBYE_TAG)))
-        except OSError:
-            with self._links_lock:
-                lost = self._is_lost(link)
-            if lost:
-                self.mailbox.lose(link.peer)
-        finally:
-            with link.progress:  # what is still queued will never be written: stop waiting
-                link.closed = True
-                link.progress.notify_all()
+    def _sender_failed(self, link: Link) -> None:
+        """A peer that is gone takes nothing more (as for a crashed worker in the
+        simulator): lost, unless a joiner replaced it or is announced."""
+        with self._links_lock:
+            lost = self._is_lost(link)
+        if lost:
+            self.mailbox.lose(link.peer)
 
-    def _is_lost(self, link: _Link) -> bool:
+    def _is_lost(self, link: Link) -> bool:
         """(Under _links_lock.) Is `link`'s failure the loss of its rank: it is the rank's
         link, and no joiner replaced the process at its end or is announced?"""
         return (self._links.get(link.peer) is link and
@@ -305,7 +234,7 @@ class Messenger:
                 return
             self._attach(peer, sock, joined_at=since)
 
-    def _read(self, link: _Link) -> None:
+    def _read(self, link: Link) -> None:
         try:
             got = link.sock.recv_into(link.view[link.got:])
         except OSError:
