@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from fastsgd import topology
+from fastsgd import graphs, topology
 from fastsgd.errors import UserError
 from fastsgd.topology import (
     CLI_KEYS,
@@ -221,7 +221,7 @@ def test_config_keys_are_the_default():
 def _unlucky_random(keys: topology.Keys) -> None:
     """A random graph whose every draw of stubs fails."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(topology, "_pair_stubs", lambda *_: None)
+        mp.setattr(graphs, "_pair_stubs", lambda *_: None)
         build_topology("random", 8, degree=3, keys=keys)
 
 

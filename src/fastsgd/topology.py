@@ -5,15 +5,23 @@ picklable data. D-PSGD (Lian et al. 2017), SGP and exponential graphs (Assran et
 from __future__ import annotations
 
 import math
-import random
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import count
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastsgd.errors import UserError
+from fastsgd.graphs import (
+    Graph,
+    Keys,
+    custom_graph,
+    invert,
+    random_regular,
+    said,
+    torus_edges,
+    torus_shape,
+    undirected,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -21,8 +29,6 @@ if TYPE_CHECKING:
 TOPOLOGIES = ("complete", "star", "ring", "torus", "hypercube", "exponential", "onepeer", "random",
               "custom")
 WEIGHTINGS = ("uniform", "metropolis")
-Graph = tuple[tuple[int, ...], ...]  # out-neighbours of each rank, sorted
-Keys = Callable[[str], str]  # option name ("rows", "graph_seed", ...) -> what the user typed
 CLI_KEYS = {"topology": "NAME", "weights": "--weights", "rows": "--rows", "cols": "--cols",
             "degree": "--degree", "graph_seed": "--seed", "edges": "--edges"}
 
@@ -35,16 +41,6 @@ def config_key(name: str) -> str:
 def cli_key(name: str) -> str:
     """How `fastsgd topology` spells option `name`: --rows, --seed, NAME (the positional)."""
     return CLI_KEYS.get(name, name)
-
-
-def _is(key: str, value: object) -> str:
-    """A setting as the user writes it: `--rows 3` (a flag), `ring (NAME)` (a positional),
-    `strategy.rows = 3` or `strategy.weights = "uniform"` (a config key)."""
-    if key.startswith("-"):
-        return f"{key} {value}"
-    if key.isupper():
-        return f"{value} ({key})"
-    return f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value}"
 
 
 @dataclass(frozen=True)
@@ -62,7 +58,7 @@ class Topology:
 
     def __post_init__(self) -> None:
         _check_weighting(self.name, self.weighting, self.graphs, config_key)
-        object.__setattr__(self, "_ins", tuple(_invert(g) for g in self.graphs))
+        object.__setattr__(self, "_ins", tuple(invert(g) for g in self.graphs))
 
     @property
     def directed(self) -> bool:
@@ -131,132 +127,9 @@ def _check_weighting(name: str, weighting: str, graphs: tuple[Graph, ...], keys:
     if weighting not in WEIGHTINGS:
         raise UserError(f"unknown mixing weights {weighting!r} ({key}); "
                         f"choose one of: {', '.join(WEIGHTINGS)}")
-    if weighting == "metropolis" and any(_invert(g) != g for g in graphs):
-        raise UserError(f"{_is(key, 'metropolis')} needs an undirected graph, but topology "
-                        f"'{name}' is directed; use {_is(key, 'uniform')}")
-
-
-def _invert(g: Graph) -> Graph:
-    ins: list[list[int]] = [[] for _ in g]
-    for i, outs in enumerate(g):
-        for j in outs:
-            ins[j].append(i)
-    return tuple(tuple(sorted(x)) for x in ins)
-
-
-def _undirected(n: int, edges: list[tuple[int, int]] | list[list[int]]) -> Graph:
-    """The simple undirected graph on n ranks with these edges (self loops, duplicates dropped)."""
-    adj: list[set[int]] = [set() for _ in range(n)]
-    for a, b in edges:
-        if a != b:
-            adj[a].add(b)
-            adj[b].add(a)
-    return tuple(tuple(sorted(s)) for s in adj)
-
-
-def _connected(g: Graph) -> bool:
-    order, seen = [0], {0}
-    for i in order:  # breadth-first; the list grows while we walk it
-        order += [j for j in g[i] if j not in seen and not seen.add(j)]
-    return len(seen) == len(g)
-
-
-def _torus_shape(n: int, rows: int, cols: int, keys: Keys) -> tuple[int, int]:
-    """rows x cols for the 2D torus (Viviani et al. 2019); infer the most square grid if unset."""
-    both = f"{keys('rows')} x {keys('cols')}"
-    if rows and cols and rows * cols != n:
-        raise UserError(f"torus: {both} = {rows} x {cols} = {rows * cols}, but there are "
-                        f"{n} workers")
-    if bool(rows) != bool(cols):
-        key, side = (keys("rows"), rows) if rows else (keys("cols"), cols)
-        if n % side:
-            raise UserError(f"torus: {_is(key, side)} does not divide {n} workers")
-        rows, cols = (rows, n // rows) if rows else (n // cols, cols)
-    elif not rows:
-        fits = lambda m: [r for r in range(2, math.isqrt(m) + 1) if m % r == 0]  # noqa: E731
-        if not fits(n):
-            low = next((m for m in range(n - 1, 3, -1) if fits(m)), None)
-            high = next(m for m in count(n + 1) if fits(m))
-            eg = f"{low} or {high}" if low else str(high)
-            raise UserError(f"torus: {n} workers do not fit a rows x cols grid with both sides "
-                            f">= 2 ({keys('rows')}, {keys('cols')}); choose e.g. {eg} workers, "
-                            f"or {_is(keys('topology'), 'ring')}")
-        rows = fits(n)[-1]
-        cols = n // rows
-    if min(rows, cols) < 2:
-        raise UserError(f"torus: {both} = {rows} x {cols} needs both sides >= 2; use "
-                        f"{_is(keys('topology'), 'ring')} for a single row")
-    return rows, cols
-
-
-def _torus(rows: int, cols: int) -> list[tuple[int, int]]:
-    """Edges to (i±1, j), (i, j±1) modulo the sides, ranks row-major (Viviani et al. 2019)."""
-    at = lambda r, c: (r % rows) * cols + c % cols  # noqa: E731
-    cells = [(r, c) for r in range(rows) for c in range(cols)]
-    return [(at(r, c), at(r + dr, c + dc)) for r, c in cells for dr, dc in ((1, 0), (0, 1))]
-
-
-def _random_regular(n: int, degree: int, seed: int, keys: Keys) -> Graph:
-    """A simple connected `degree`-regular graph: random pairing of stubs, retried until simple
-    and connected (Steger & Wormald 1999); degree 2 is a random Hamiltonian cycle."""
-    if degree == 0:
-        degree = min(4, n - 1) - (n * min(4, n - 1)) % 2
-    if degree < 0 or degree >= n or n * degree % 2 or (degree == 1 and n > 2):
-        raise UserError(f"random: {_is(keys('degree'), degree)} does not give a connected "
-                        f"regular graph on {n} workers; need 1 <= degree < n, n x degree even, and "
-                        "degree >= 2 beyond 2 workers (0 = automatic)")
-    rng = random.Random(seed)
-    if degree == 2:
-        order = rng.sample(range(n), n)
-        return _undirected(n, [(order[i], order[i - 1]) for i in range(n)])
-    for _ in range(1000):
-        g = _pair_stubs(n, degree, rng)
-        if g is not None and _connected(g):
-            return g
-    raise UserError(f"random: could not draw a connected {degree}-regular graph on {n} workers "
-                    f"({keys('degree')}, {keys('graph_seed')})")
-
-
-def _pair_stubs(n: int, degree: int, rng: random.Random) -> Graph | None:
-    stubs = [i for i in range(n) for _ in range(degree)]
-    adj: list[set[int]] = [set() for _ in range(n)]
-    while stubs:
-        for _ in range(100):
-            a, b = rng.sample(range(len(stubs)), 2)
-            u, v = stubs[a], stubs[b]
-            if u != v and v not in adj[u]:
-                break
-        else:
-            return None
-        adj[u].add(v)
-        adj[v].add(u)
-        del stubs[max(a, b)], stubs[min(a, b)]
-    return tuple(tuple(sorted(s)) for s in adj)
-
-
-def _custom(n: int, edges: list[list[int]] | None, keys: Keys) -> Graph:
-    """An undirected graph from an edge list [[a, b], ...]; it must be connected."""
-    key = keys("edges")
-    flag = key.startswith("-")  # the command line writes edges as 0-1,1-2 (parse_edges)
-    if edges is None:
-        how = f"{key} 0-1,1-2,..." if flag else f"{key} = [[a, b], ...]"
-        raise UserError(f"custom: set {how} (undirected edges)")
-    for k, e in enumerate(edges):
-        ok = isinstance(e, (list, tuple)) and len(e) == 2
-        if not ok or not all(type(x) is int and 0 <= x < n for x in e) or e[0] == e[1]:
-            item = f"{key} item {_dashed(e)}" if flag else f"{key}[{k}] = {e!r}"
-            form = "a-b" if flag else "[a, b]"
-            raise UserError(f"custom: {item} must be {form} with two different ranks in "
-                            f"0..{n - 1}")
-    g = _undirected(n, edges)
-    if not _connected(g):
-        raise UserError(f"custom: {key} do not connect all {n} workers")
-    return g
-
-
-def _dashed(edge: object) -> str:
-    """An edge as the command line writes it: [0, 5] -> 0-5."""
-    return "-".join(map(str, edge)) if isinstance(edge, (list, tuple)) else repr(edge)
+    if weighting == "metropolis" and any(invert(g) != g for g in graphs):
+        raise UserError(f"{said(key, 'metropolis')} needs an undirected graph, but topology "
+                        f"'{name}' is directed; use {said(key, 'uniform')}")
 
 
 def parse_edges(text: str) -> list[list[int]]:
@@ -276,24 +149,24 @@ def parse_edges(text: str) -> list[list[int]]:
 def _graphs(name: str, n: int, shape: tuple[int, int], degree: int, seed: int,
             edges: list[list[int]] | None, keys: Keys) -> tuple[Graph, ...]:
     powers = [1 << k for k in range(max(1, (n - 1).bit_length())) if 1 << k < n]
-    undirected = {
+    edges_of = {
         "complete": lambda: [(i, j) for i in range(n) for j in range(i)],
         "star": lambda: [(0, i) for i in range(n)],
         "ring": lambda: [(i, (i + 1) % n) for i in range(n)],
-        "torus": lambda: _torus(*shape),
+        "torus": lambda: torus_edges(*shape),
         "hypercube": lambda: [(i, i ^ p) for i in range(n) for p in powers],
         "exponential": lambda: [(i, (i + p) % n) for i in range(n) for p in powers],
     }
     if name == "hypercube" and n & (n - 1):
         raise UserError(f"topology = \"hypercube\" ({keys('topology')}) needs a power-of-two "
                         f"number of workers, got n = {n}")
-    if name in undirected:
-        return (_undirected(n, undirected[name]()),)
+    if name in edges_of:
+        return (undirected(n, edges_of[name]()),)
     if name == "onepeer":
         return tuple(tuple(tuple({(i + p) % n} - {i}) for i in range(n)) for p in powers or [0])
     if name == "random":
-        return (_random_regular(n, degree, seed, keys),)
-    return (_custom(n, edges, keys),)
+        return (random_regular(n, degree, seed, keys),)
+    return (custom_graph(n, edges, keys),)
 
 
 def build_topology(name: str, n: int, *, rows: int = 0, cols: int = 0, degree: int = 0,
@@ -306,7 +179,7 @@ def build_topology(name: str, n: int, *, rows: int = 0, cols: int = 0, degree: i
                         f"choose one of: {', '.join(TOPOLOGIES)}")
     if not isinstance(n, int) or n < 1:
         raise UserError(f"topology '{name}' needs at least 1 worker, got n = {n!r}")
-    shape = _torus_shape(n, rows, cols, keys) if name == "torus" else (0, 0)
+    shape = torus_shape(n, rows, cols, keys) if name == "torus" else (0, 0)
     graphs = _graphs(name, n, shape, degree, seed, edges, keys)
     _check_weighting(name, weighting, graphs, keys)
     return Topology(name, n, weighting, graphs, rows=shape[0], cols=shape[1])
