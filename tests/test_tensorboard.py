@@ -5,7 +5,7 @@ import struct
 import pytest
 
 import fastsgd as fs
-from fastsgd import worker
+from fastsgd import tensorboard
 from fastsgd.tensorboard import PREFIX, EventFile, crc32c, record
 
 COMMON = {"data.name": "digits", "model.name": "mlp", "run.steps": 30, "run.eval_every": 10,
@@ -87,7 +87,7 @@ def test_the_event_file_is_kept_up_to_date_while_the_run_trains(monkeypatch, tmp
         reason="tensorboard is not installed (pip install fastsgd[tensorboard]; .ci/run does)")
     updates = []
     update = EventFile.update
-    monkeypatch.setattr(worker, "LIVE_EVERY", 0.0)  # after every step
+    monkeypatch.setattr(tensorboard, "LIVE_EVERY", 0.0)  # after every step
     monkeypatch.setattr(EventFile, "update", lambda self: updates.append(1) or update(self))
     out = tmp_path / "live"
     fs.Job(options={**COMMON, "run.out": str(out)}, quiet=True).simulate()

@@ -75,3 +75,13 @@ class Plan:
         ds = self.dataset
         return Shard(ds.train_x, ds.train_y, self.config["data"]["batch_size"], rank,
                      world_size, self.config["run"]["seed"])
+
+    def score(self, model: torch.nn.Module, device: torch.device,
+              rank: int | None = None) -> float:
+        """Loss on a fixed sample of 1024 training examples: the same for every worker
+        (run.representative = best), or, with `rank`, that worker's own (tournaments)."""
+        ds = self.dataset
+        start = (1024 * rank if rank is not None else 0) % len(ds.train_x)
+        x, y = ds.train_x[start:start + 1024], ds.train_y[start:start + 1024]
+        with torch.no_grad():
+            return float(self.step(model, (x.to(device), y.to(device))))

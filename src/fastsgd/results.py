@@ -42,7 +42,7 @@ def finish(loop: Loop, wall_time: float) -> dict[str, Any] | None:
     written = summary(loop, wall_time - loop.log.wall, end, totals.tolist())
     write_json(loop.plan.run_dir / "summary.json", written)
     if loop.plan.config["run"]["tensorboard"]:  # from the metrics every worker flushed
-        loop.event_file().update()
+        loop.events.file(loop.wall()).update()
     return written
 
 

@@ -20,6 +20,8 @@ import math
 import socket
 import struct
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 FLOAT_MAX = 3.4028234663852886e38
@@ -154,6 +156,36 @@ class EventFile:
         whole = data[:data.rfind(b"\n") + 1]  # a line being written waits for the next update
         self._read[name] += len(whole)
         return [row for line in whole.splitlines() if (row := _decoded(line)) is not None]
+
+
+class LiveEvents:
+    """run.tensorboard: every LIVE_EVERY seconds the run's leader brings its event file up to
+    date (off the training thread), so that TensorBoard shows the run while it trains; a
+    worker that leads again later starts the file over."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.run_dir, self.enabled = run_dir, enabled
+        self._file: EventFile | None = None
+        self._next = 0.0  # time.perf_counter() of the next look
+
+    def look(self, leads: bool, wall: float, flush: Callable[[], None] | None) -> None:
+        """After a step: `leads` the run now, `wall` seconds trained; `flush` the metrics
+        first (on real processes)."""
+        if not self.enabled or time.perf_counter() < self._next:
+            return
+        self._next = time.perf_counter() + LIVE_EVERY
+        if not leads:
+            self._file = None
+            return
+        if flush is not None:
+            flush()
+        self.file(wall).update_soon()
+
+    def file(self, wall: float) -> EventFile:
+        """The event file of a run that has trained `wall` seconds."""
+        if self._file is None:
+            self._file = EventFile(self.run_dir, time.time() - wall)
+        return self._file
 
 
 def _decoded(line: bytes) -> dict | None:

@@ -20,14 +20,13 @@ from fastsgd import checkpoint, interrupt, recovery, rejoin, results, resume
 from fastsgd.config import to_toml
 from fastsgd.errors import UserError
 from fastsgd.metrics import PHASES, JsonLines, write_json
-from fastsgd.observe import EvalLog
+from fastsgd.observe import EvalLog, evaluate_together
 from fastsgd.plan import Plan
 from fastsgd.progress import Progress
 from fastsgd.replica import Replica
-from fastsgd.representative import representative
 from fastsgd.rundir import environment, host_names
 from fastsgd.strategies.params import all_finite
-from fastsgd.tensorboard import LIVE_EVERY, EventFile
+from fastsgd.tensorboard import LiveEvents
 from fastsgd.transport.base import GroupBroken, Transport
 from fastsgd.transport.sim.compute import heterogeneity
 
@@ -78,11 +77,10 @@ class _Loop:
         self.level = 0  # how far this worker got: 2k in step k, 2k+1 once it stepped (recovery)
         self.spread = heterogeneity(plan.config["compute"], run["seed"])
         self.codec = plan.compressor.name != "none"
-        replica.ctx.score = lambda: self.score(self.model, own=True)
+        replica.ctx.score = lambda: plan.score(self.model, self.t.device, self.rank)
         self.progress = Progress(self.steps, enabled=plan.progress and self.rank == 0)
         self.donated: set[tuple[int, int]] = set()  # (joiner, step): rejoin.donate
-        self.events: EventFile | None = None  # run.tensorboard, in the leader
-        self.next_events = 0.0  # time.perf_counter() of the next look
+        self.events = LiveEvents(plan.run_dir, run["tensorboard"])
         self.start = self.wall_start = 0.0
 
     def run(self) -> dict[str, Any] | None:
@@ -102,7 +100,8 @@ class _Loop:
                     return None
                 continue
             self.progress.update(k + 1, loss, self.log.last and self.log.last[1])
-            self.publish()
+            self.events.look(self.rank == self.leader, self.wall(),
+                             None if self.plan.simulated else self.metrics.flush)
             if every and ((k + 1) % every == 0 or k + 1 == self.steps):
                 resume.save(self, k + 1)
             stop = interrupt.stop_after(self.rank, k + 1) and k + 1 < self.steps
@@ -137,24 +136,6 @@ class _Loop:
         self.t.off_clock()
         self.start, self.wall_start = self.t.now(), time.perf_counter()
         return resume.restore(self, *saved) if saved else 0
-
-    def publish(self) -> None:
-        """run.tensorboard: every LIVE_EVERY seconds the leader brings the run's event file
-        up to date, so that TensorBoard shows the run while it trains."""
-        if time.perf_counter() < self.next_events or not self.plan.config["run"]["tensorboard"]:
-            return
-        self.next_events = time.perf_counter() + LIVE_EVERY
-        if self.rank == self.leader:
-            if not self.plan.simulated:
-                self.metrics.flush()
-            self.event_file().update_soon()  # off the training thread
-        else:
-            self.events = None  # leading again later starts the file over
-
-    def event_file(self) -> EventFile:
-        if self.events is None:
-            self.events = EventFile(self.plan.run_dir, time.time() - self.wall())
-        return self.events
 
     def record_environment(self) -> None:
         """config.toml (what ran) and environment.json (where, with what) in the run dir."""
@@ -299,42 +280,16 @@ class _Loop:
             time.sleep((factor - 1) * seconds)
 
     def evaluate(self, step: int) -> None:
-        """Simulated: hand the replica to the observer, for free (observe.py). Real: a
-        collective, every worker joins and rank 0 evaluates; not training time: the clock
-        stops once every worker has finished its step."""
+        """Simulated: hand the replica to the observer, for free; real: a collective, every
+        worker joins (observe.py)."""
         self.t.await_deferred()  # the model is read
-        if self.plan.observer is not None:
-            self.evaluated = step
-            self.plan.observer.hand_in(step, self.rank, self.model, self.clock(), self.wall(),
-                                       self.score)
-            self.t.off_clock()
-            return
-        self.t.barrier()
-        # who records is settled before the evaluation's collectives: were the leader lost
-        # after them, the next one would record the step too (a recovery redoes it if the
-        # lost one had not written it)
-        leader = self.leader
-        when, began, wall = self.clock(), self.t.now(), time.perf_counter()
-        consensus = self.replica.consensus_distance()
-        model = representative(self.plan.config["run"]["representative"], self.model, self.t,
-                               self.score)
-        if self.rank == leader:
-            if self.rank != 0 and self.log.last is None:  # worker 0 was lost: its log
-                self.log.take_over()
-            resume.kill_if_asked(self.rank, step, "evaluation")
-            accuracy, loss = self.plan.evaluate(model, self.plan.dataset, self.t.device)
-            self.log.record(step, when, model, accuracy, loss, consensus, self.wall())
-        self.evaluated = step  # only now: redone if a worker died meanwhile (recovery.py)
-        self.log.count += 1
-        self.eval_time += self.t.now() - began
-        self.log.wall += time.perf_counter() - wall
+        if self.plan.observer is None:
+            return evaluate_together(self, step)
+        self.evaluated = step
+        self.plan.observer.hand_in(step, self.rank, self.model, self.clock(), self.wall(),
+                                   self.score)
+        self.t.off_clock()
 
-    def score(self, model: torch.nn.Module, own: bool = False) -> float:
-        """Loss on a fixed sample of 1024 training examples: the same for every worker
-        (run.representative = best), or, with `own`, this worker's (tournaments)."""
-        ds = self.plan.dataset
-        start = (1024 * self.rank if own else 0) % len(ds.train_x)
-        x, y = ds.train_x[start:start + 1024], ds.train_y[start:start + 1024]
-        sample = (x.to(self.t.device), y.to(self.t.device))
-        with torch.no_grad():
-            return float(self.plan.step(model, sample))
+    def score(self, model: torch.nn.Module) -> float:
+        """The loss every worker scores a model by (Plan.score)."""
+        return self.plan.score(model, self.t.device)
