@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 import gzip
 import importlib.util
-import math
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -17,59 +15,11 @@ import torch
 from torch import Tensor
 
 from fastsgd.errors import UserError
+from fastsgd.idx import find_idx, idx_names, load_idx_split
 
 DATASETS = ("digits", "fashion_mnist", "idx", "synthetic")
 SEEDED_DATASETS = ("digits", "synthetic")  # their split or content depends on the seed
 FASHION_MNIST_PATH = "/usr/share/datasets/fashion-mnist"
-
-_GZIP_MAGIC = b"\x1f\x8b"
-_IDX_DTYPES = {
-    0x08: np.dtype("u1"),
-    0x09: np.dtype("i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
-
-
-def _read_bytes(path: Path) -> bytes:
-    """Return the file's content, decompressed when it starts with the gzip magic bytes."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read IDX file {path}: {exc.strerror or exc}") from exc
-    if not raw.startswith(_GZIP_MAGIC):
-        return raw
-    try:
-        return gzip.decompress(raw)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise UserError(f"corrupt gzip data in IDX file {path}: {exc}") from exc
-
-
-def read_idx(path: str | Path) -> np.ndarray:
-    """Read an IDX file (raw or gzipped) into a native-endian numpy array."""
-    path = Path(path)
-    data = _read_bytes(path)
-    if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise UserError(f"not an IDX file (bad magic number): {path}")
-    dtype = _IDX_DTYPES.get(data[2])
-    if dtype is None:
-        raise UserError(f"unsupported IDX dtype code 0x{data[2]:02X} in {path}")
-    ndims = data[3]
-    header = 4 + 4 * ndims
-    if ndims == 0 or len(data) < header:
-        raise UserError(f"truncated or invalid IDX header in {path}")
-    dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndims, offset=4))
-    expected = math.prod(dims) * dtype.itemsize
-    if len(data) - header != expected:
-        raise UserError(
-            f"IDX payload of {path} has {len(data) - header} bytes, "
-            f"expected {expected} for dims {dims}"
-        )
-    array = np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
-    return array.astype(dtype.newbyteorder("="), copy=True)
-
 
 @dataclass(frozen=True)
 class Dataset:
@@ -110,47 +60,18 @@ def _make_dataset(name: str, train: tuple[Tensor, Tensor], test: tuple[Tensor, T
     )
 
 
-def _idx_names(split: str, kind: str) -> list[str]:
-    """Accepted file names for one IDX file, e.g. train-images-idx3-ubyte[.gz]."""
-    suffix = "idx3-ubyte" if kind == "images" else "idx1-ubyte"
-    bases = [f"{split}-{kind}-{suffix}", f"{split}-{kind}.{suffix}"]
-    return [name for base in bases for name in (base, base + ".gz")]
-
-
-def _find_idx(folder: Path, split: str, kind: str) -> Path | None:
-    """Return the path of an IDX file in folder, or None when it is missing."""
-    for name in _idx_names(split, kind):
-        if (folder / name).is_file():
-            return folder / name
-    return None
-
-
-def _load_idx_split(images: Path, labels: Path) -> tuple[Tensor, Tensor]:
-    """Load one split's images (N, rows, cols) and labels (N,) as tensors."""
-    x, y = read_idx(images), read_idx(labels)
-    if x.ndim != 3:
-        raise UserError(f"IDX images {images} must have 3 dims (N, rows, cols), got {x.shape}")
-    if y.ndim != 1 or y.dtype.kind not in "iu":
-        raise UserError(f"IDX labels {labels} must be a 1-dim integer array, got {y.shape}")
-    if len(x) != len(y):
-        raise UserError(f"{images} has {len(x)} images but {labels} has {len(y)} labels")
-    if len(y) == 0 or y.min() < 0:
-        raise UserError(f"IDX labels {labels} are empty or negative")
-    return torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y.astype(np.int64))
-
-
 def _load_idx_folder(name: str, folder: Path, missing_hint: str | None) -> Dataset:
     """Load train/t10k images and labels from an IDX folder."""
     splits = []
     for split in ("train", "t10k"):
-        files = [_find_idx(folder, split, kind) for kind in ("images", "labels")]
+        files = [find_idx(folder, split, kind) for kind in ("images", "labels")]
         for kind, found in zip(("images", "labels"), files, strict=True):
             if found is None:
                 if missing_hint is not None:
                     raise UserError(missing_hint)
-                wanted = _idx_names(split, kind)[0]
+                wanted = idx_names(split, kind)[0]
                 raise UserError(f"IDX file {wanted}[.gz] not found in {folder} (data.path)")
-        splits.append(_load_idx_split(files[0], files[1]))
+        splits.append(load_idx_split(files[0], files[1]))
     return _make_dataset(name, splits[0], splits[1])
 
 
