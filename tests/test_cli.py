@@ -146,6 +146,16 @@ def test_set_without_equals_says_the_right_form(capsys):
         "--set run.workers=4")
 
 
+@pytest.mark.parametrize("command", ["simulate", "pack"])
+def test_set_without_equals_after_a_config_file_hints_a_value(tmp_path, capsys, command):
+    from fastsgd.cli import main
+
+    config = tmp_path / "ok.toml"
+    config.write_text("")
+    assert main([command, str(config), "--set", "run.workers"]) == 2
+    assert capsys.readouterr().err.strip().endswith("e.g. --set run.workers=VALUE")
+
+
 def test_version():
     from fastsgd import __version__
 
@@ -174,6 +184,10 @@ def test_topology_custom_from_the_command_line(tmp_path, capsys):
     (["topology", "custom", "--workers", "4"], "--edges"),
     (["topology", "custom", "--workers", "4", "--edges", "0-1,1-x"], "--edges"),
     (["topology", "torus", "--workers", "8", "--rows", "3"], "--rows 3"),
+    (["topology", "ring", "--workers", "4", "--png", "out.txt"],
+     "--png out.txt: the drawing is a PNG; give it a name ending in .png"),
+    (["topology", "ring", "--workers", "4", "--png", "/nonexistent/dir/x.png"],
+     "--png /nonexistent/dir/x.png: no such folder /nonexistent/dir"),
 ])
 def test_topology_errors_name_the_flag(args, culprit, capsys):
     from fastsgd.cli import main

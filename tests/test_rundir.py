@@ -130,6 +130,19 @@ def test_default_folder_is_strategy_and_time_and_never_reused(tmp_path):
     assert not (first / "attempts").exists()  # --overwrite: the old run's, gone with it
 
 
+@pytest.mark.parametrize("reuse, resume", [(True, False), (False, False), (True, True)])
+def test_a_run_out_that_cannot_be_a_folder_is_one_line(tmp_path, reuse, resume):
+    from fastsgd.rundir import claim
+
+    a_file = tmp_path / "ok.toml"
+    a_file.write_text("")
+    with pytest.raises(fs.UserError, match=r"^run.out = '.*ok.toml/x': cannot make the folder"):
+        claim(str(a_file / "x"), reuse, resume)
+    if reuse:  # named by the user: that very path, which is a file
+        with pytest.raises(fs.UserError, match=r"^run.out = '.*ok.toml': .* is a file, not a"):
+            claim(str(a_file), reuse, resume)
+
+
 @pytest.mark.parametrize("named_by_us", [True, False])
 def test_a_failed_run_drops_only_an_empty_folder_of_its_own_naming(tmp_path, named_by_us):
     from fastsgd.rundir import dropped_if_empty

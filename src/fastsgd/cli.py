@@ -93,20 +93,11 @@ def _pack_parser(sub: argparse._SubParsersAction) -> None:
 
 def _pack(args: argparse.Namespace) -> int:
     from fastsgd import config as cfg
-    from fastsgd.job import Job
-    from fastsgd.pack.source import job_from_script
+    from fastsgd.pack.source import job_from_source
 
     _check_set_items(args.set, args.source)
-    overrides = cfg.parse_overrides(args.set)
-    path, _, name = args.source.partition(".py:") if ".py:" in args.source else (
-        args.source, "", "")
-    if path.endswith(".py") or name:
-        script = path if path.endswith(".py") else f"{path}.py"
-        job = job_from_script(script, name or None, overrides)
-    else:
-        job = Job(config=path, options=overrides)
-    out = args.out or f"{Path(path).stem}.fsj"
-    written = job.pack(out)
+    job, default_out = job_from_source(args.source, cfg.parse_overrides(args.set))
+    written = job.pack(args.out or default_out)
     size = written.stat().st_size / 1e6
     print(f"packed {args.source} into {written} ({size:.2f} MB); train it with: "
           f"fastsgd run {written}   (or: fastsgd simulate {written})")
@@ -188,12 +179,16 @@ def _topology_parser(sub: argparse._SubParsersAction) -> None:
 def _show_topology(args: argparse.Namespace) -> int:
     from fastsgd.topology import build_topology, cli_key, describe, draw, parse_edges
 
+    png = Path(args.png or f"topology-{args.name}-{args.workers}.png")
+    if png.suffix.lower() != ".png":  # checked here: matplotlib's errors are tracebacks
+        raise UserError(f"--png {png}: the drawing is a PNG; give it a name ending in .png")
+    if not png.parent.is_dir():
+        raise UserError(f"--png {png}: no such folder {png.parent}")
     edges = parse_edges(args.edges) if args.edges is not None else None
     topo = build_topology(args.name, args.workers, rows=args.rows, cols=args.cols,
                           degree=args.degree, seed=args.seed, edges=edges,
                           weighting=args.weights, keys=cli_key)
     print(describe(topo, args.step))
-    png = args.png or f"topology-{args.name}-{args.workers}.png"
     draw(topo, png, args.step)
     print(f"drawing: {png}")
     return 0
@@ -290,8 +285,9 @@ def _check_set_items(items: list[str], path: str | None) -> None:
     from fastsgd.errors import ConfigError
 
     for item in items:
-        if "=" not in item:
-            value = path if path is not None else "VALUE"
+        if "=" not in item:  # (a config file or a script is no stray value)
+            value = "VALUE" if path is None or path.endswith((".toml", ".fsj", ".py")) or \
+                ".py:" in path or Path(path).is_file() else path
             raise ConfigError(f"--set {item}: write KEY=VALUE as one word, "
                               f"e.g. --set {item}={value}")
 

@@ -86,6 +86,7 @@ class Door:
         the run ends first)."""
         self.stop, self.join_step = stop, join_step
         slots = stop.slots
+        slots["started"] = started(os.getpid()) or 0  # before the pid: see _check_running
         slots["pid"], slots["port"], slots["steps"] = os.getpid(), port, self.steps
 
     def admit(self, vacant: list[int], running: list[int]) -> Outside | None:
@@ -127,9 +128,9 @@ def attach(run_dir: Path) -> Stop:
     (config.toml is whole then); UserError if no run there takes new workers."""
     stop = Stop.attach(run_dir / DOOR)
     while not max(stop.progress) and not stop.slots["closed"]:
-        _check_running(stop.slots["pid"], run_dir)
+        _check_running(stop.slots, run_dir)
         time.sleep(EVERY)
-    _check_running(stop.slots["pid"], run_dir)
+    _check_running(stop.slots, run_dir)
     return stop
 
 
@@ -185,7 +186,7 @@ def _run_over(slots: Slots, run_dir: Path) -> bool:
     if slots["closed"]:
         return True
     try:
-        _check_running(slots["pid"], run_dir)
+        _check_running(slots, run_dir)
     except UserError:
         if slots["closed"]:
             return True
@@ -193,11 +194,31 @@ def _run_over(slots: Slots, run_dir: Path) -> bool:
     return False
 
 
-def _check_running(pid: int, run_dir: Path) -> None:
+def _check_running(slots: Slots, run_dir: Path) -> None:
+    pid = slots["pid"]
+    if pid and not _alive(pid, slots["started"]):  # (0: the launcher has not opened it yet)
+        raise UserError(f"the run in {run_dir} is not running any more (its launcher, pid "
+                        f"{pid}, is gone)")
+
+
+def _alive(pid: int, since: int) -> bool:
+    """Whether process `pid` runs and is the one that started at `since` (a killed
+    launcher's pid may be another process's by now)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        raise UserError(f"the run in {run_dir} is not running any more (its launcher, pid "
-                        f"{pid}, is gone)") from None
+        return False
     except PermissionError:
-        pass  # another user's: it runs
+        pass  # another user's
+    now = started(pid)
+    return now is None or now == since
+
+
+def started(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat);
+    None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])  # the name may hold spaces
+    except (OSError, IndexError, ValueError):
+        return None

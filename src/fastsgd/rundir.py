@@ -51,10 +51,10 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
             raise UserError(f"cannot resume {path}: no such run directory")
         return path
     if reuse and resume:
-        path.mkdir(parents=True, exist_ok=True)
+        _mkdir(path, out, exist_ok=True)
         return path
     if reuse:
-        path.mkdir(parents=True, exist_ok=True)
+        _mkdir(path, out, exist_ok=True)
         for name in RUN_FILES:
             (path / name).unlink(missing_ok=True)
         shutil.rmtree(path / "checkpoints", ignore_errors=True)
@@ -66,12 +66,26 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
     for k in count(1):
         candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")
         try:
-            candidate.mkdir(parents=True)  # atomic: two runs never claim the same folder
+            _mkdir(candidate, out)  # atomic: two runs never claim the same folder
             return candidate
-        except FileExistsError:
+        except FileExistsError:  # a folder (or a file) of that name: the next name
             if candidate.is_dir() and not holds_run(candidate):
                 return candidate
     raise AssertionError("unreachable")
+
+
+def _mkdir(path: Path, out: str, exist_ok: bool = False) -> None:
+    """Make the run folder `path`, or one line naming run.out and why not (FileExistsError
+    as mkdir raises it, unless `exist_ok`)."""
+    try:
+        path.mkdir(parents=True, exist_ok=exist_ok)
+    except FileExistsError:
+        if not exist_ok:
+            raise
+        raise UserError(f"run.out = '{out}': {path} is a file, not a folder") from None
+    except OSError as e:
+        raise UserError(f"run.out = '{out}': cannot make the folder {path} "
+                        f"({e.strerror})") from None
 
 
 @contextmanager

@@ -12,13 +12,19 @@ from pathlib import Path
 
 from fastsgd.errors import UserError
 
-MAGIC = 0x3164_6773_7473_6166  # b"fastsgd1", little-endian
+MAGIC = 0x3264_6773_7473_6166  # b"fastsgd2", little-endian
+OLD_MAGIC = 0x3164_6773_7473_6166  # b"fastsgd1": a door without "started"
 # one slot each: the launcher's pid and rendezvous port, the workers and steps of the run,
-# the step to stop after (Ctrl-C), the door's state (door.py)
+# the step to stop after (Ctrl-C), the door's state and the launcher's start time (door.py)
 HEADER = ("magic", "pid", "port", "workers", "steps", "stop_at", "closed", "request", "answer",
-          "since")
+          "since", "started")
 # one slot per worker (see Stop); `ended`: how a process from outside ended (door.py)
 ARRAYS = ("progress", "ready", "joined_at", "donor", "left_after", "ended")
+
+
+def _size(workers: int) -> int:
+    """The bytes of the block for `workers` workers."""
+    return 8 * (len(HEADER) + len(ARRAYS) * workers)
 
 
 class Cell:
@@ -42,7 +48,7 @@ class Slots:
     one), on which Stop takes its lock."""
 
     def __init__(self, workers: int, path: Path | None = None, fd: int | None = None):
-        size = 8 * (len(HEADER) + len(ARRAYS) * workers)
+        size = _size(workers)
         making = None if path is None or fd is not None else f"{path}.{os.getpid()}"
         if making:  # under another name until it is whole: a joiner may be waiting for `path`
             fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -67,13 +73,22 @@ class Slots:
             raise UserError(f"{path.parent}: no run there takes new workers now (no "
                             f"{path.name}): fastsgd join needs a running `fastsgd run` with "
                             "run.join = true") from None
+        except NotADirectoryError:
+            raise UserError(f"{path.parent}: not a run directory (not a folder): fastsgd join "
+                            "takes the folder of a running `fastsgd run`") from None
+        except OSError as e:  # another user's, say
+            raise UserError(f"{path}: cannot open the run's door ({e.strerror})") from None
         with open(path, "rb") as f:
             head = f.read(8 * len(HEADER))
         words = memoryview(head).cast("q") if len(head) == 8 * len(HEADER) else None
-        if words is None or words[0] != MAGIC:
+        workers = words[HEADER.index("workers")] if words is not None else 0
+        whole = 0 < workers and _size(workers) <= os.fstat(fd).st_size  # mmap needs it all
+        if words is None or words[0] != MAGIC or not whole:
             os.close(fd)
-            raise UserError(f"{path} is not the door of a fastsgd run (wrong size or magic)")
-        return cls(words[HEADER.index("workers")], path, fd)
+            why = ("a run of an older fastsgd made it: join with that version"
+                   if words is not None and words[0] == OLD_MAGIC else "wrong size or magic")
+            raise UserError(f"{path} is not the door of a fastsgd run ({why})")
+        return cls(workers, path, fd)
 
     def __getitem__(self, name: str) -> int:
         return self.header[HEADER.index(name)]

@@ -83,6 +83,14 @@ def test_a_matrix_over_max_cells_needs_yes(tmp_path, capsys):
     assert err.count("\n") == 1 and "6 cells, more than --max-cells 5" in err
 
 
+def test_an_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys):
+    a_file = tmp_path / "ok.toml"
+    a_file.write_text("")
+    assert main(["bench", str(_spec(tmp_path)), "--out", str(a_file)]) == 2
+    assert capsys.readouterr().err == (f"fastsgd: error: bench folder {a_file}: cannot make "
+                                       f"{a_file / 'cells'} (Not a directory)\n")
+
+
 @pytest.mark.multiproc
 def test_a_bench_runs_reports_and_resumes(tmp_path, capsys):
     spec, out = _spec(tmp_path, SPEC.replace('"dpsgd"]', '"dpsgd", "nosuch"]')), tmp_path / "b"

@@ -3,6 +3,7 @@ signature), each problem one line with exit code 2, and nothing unpickled."""
 
 import json
 import pickle
+import re
 import zipfile
 
 import pytest
@@ -183,6 +184,23 @@ def test_a_cut_short_archive_is_one_line(archive, tmp_path, capsys):
 
 def test_a_missing_archive_is_one_line(tmp_path, capsys):
     assert "no such file" in _cli_error(capsys, "run", str(tmp_path / "none.fsj"))
+    (tmp_path / "dir.fsj").mkdir()
+    assert f"job archive {tmp_path / 'dir.fsj'} is a folder" in _cli_error(
+        capsys, "run", str(tmp_path / "dir.fsj"))
+
+
+@pytest.mark.parametrize("out, says", [
+    ("folder", "folder is a folder: name the archive, e.g. "),
+    ("a_file/job.fsj", "a_file/job.fsj: cannot write the job archive (File exists: "),
+])
+def test_an_archive_that_cannot_be_written_is_one_line_and_no_partial_file(tmp_path, out, says):
+    from fastsgd.pack.archive import write_archive
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(UserError, match="^" + re.escape(f"{tmp_path}/{says}")):
+        write_archive(tmp_path / out, {}, {}, {}, {}, versions())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "folder"]
 
 
 def test_data_of_another_shape_is_one_line(archive, capsys):

@@ -85,6 +85,27 @@ def test_what_is_not_a_run_is_one_line(tmp_path, capsys, make, says):
     assert err.count("\n") == 1 and str(path) in err and says in err
 
 
+@pytest.mark.parametrize("name, damage, says", [
+    ("summary.json", lambda text: "{}", "not a fastsgd run summary (no strategy, compressor"),
+    ("summary.json", lambda text: "[1, 2]", "a damaged file (a JSON list, not an object)"),
+    ("metrics.jsonl", lambda text: text[:-30], "a damaged file (Unterminated string"),
+])
+def test_a_damaged_file_is_named_in_one_line(bench, tmp_path, capsys, name, damage, says):
+    run = shutil.copytree(bench / "two", tmp_path / "run")
+    (run / name).write_text(damage((run / name).read_text()))
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run / name}: {says}" in err
+
+
+def test_an_out_that_cannot_be_a_folder_is_one_line(bench, tmp_path, capsys):
+    a_file = tmp_path / "ok.toml"
+    a_file.write_text("")
+    assert main(["report", str(bench / "two"), "--out", str(a_file)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fastsgd: error: report folder {a_file}: cannot make it (a file is in the way)\n"
+
+
 def _screenshot(page, shot):
     from matplotlib.image import imread
 

@@ -53,7 +53,7 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
             check_can_emulate(f"fsgd{os.getpid()}")
         except (Refused, subprocess.SubprocessError) as e:
             raise UserError(f"{spec}: mode 'hosts' cells cannot run here: {e}") from None
-    (root / "cells").mkdir(parents=True, exist_ok=True)
+    _make(root / "cells")
     labels = root / "cells" / LABELS  # what each hashed folder is, for the report
     known = json.loads(labels.read_text()) if labels.is_file() else {}
     write_json(labels, {**known, **{c.id: c.label for c in matrix}})
@@ -79,6 +79,14 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
         print(f"{len(failed)} of {len(matrix)} cells failed: {', '.join(c.id for c in failed)} "
               f"(their logs: {root / 'cells'}/ID.log)", file=sys.stderr)
     return len(failed)
+
+
+def _make(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # --out names a file, say
+        raise UserError(f"bench folder {folder.parent}: cannot make {folder} "
+                        f"({e.strerror})") from None
 
 
 def timed(cell: Cell) -> bool:

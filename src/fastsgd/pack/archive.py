@@ -18,6 +18,7 @@ import hashlib
 import json
 import sys
 import zipfile
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,21 +70,34 @@ def write_archive(path: Path, config: dict[str, Any], signature: dict[str, Any],
                 "tensors": entries,
                 "members": {name: _sha256(data) for name, data in members.items()}}
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_zip(path, {"manifest.json": text, "checksum": _sha256(text).encode(), **members})
+
+
+def _write_zip(path: Path, members: dict[str, bytes]) -> None:
+    """The zip at `path`, whole or not at all (UserError naming it if it cannot be)."""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder: name the archive, e.g. {path / 'job.fsj'}")
     partial = path.with_name(path.name + ".partial")
-    # deflated: a stored inner zip would let a cut-short archive read as that inner zip
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("manifest.json", text)
-        z.writestr("checksum", _sha256(text))
-        for name, data in members.items():
-            z.writestr(name, data)
-    partial.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # deflated: a stored inner zip would let a cut-short archive read as that inner zip
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
+            for name, data in members.items():
+                z.writestr(name, data)
+        partial.replace(path)
+    except OSError as e:
+        with suppress(OSError):
+            partial.unlink()
+        where = f": {e.filename}" if e.filename not in (None, str(partial)) else ""
+        raise UserError(f"{path}: cannot write the job archive ({e.strerror}{where})") from None
 
 
 def read_archive(path: str | Path, versions: dict[str, str]) -> Archive:
     """The archive at `path`, checked: whole, unchanged, of this format and torch version;
     UserError naming the file and the problem otherwise."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"job archive {path} is a folder, not a file fastsgd pack writes")
     if not path.is_file():
         raise UserError(f"job archive {path}: no such file")
     try:

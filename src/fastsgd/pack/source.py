@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from fastsgd import config as cfg
 from fastsgd.errors import UserError
 from fastsgd.job import Job
+
+
+def job_from_source(source: str, overrides: dict[str, Any]) -> tuple[Job, str]:
+    """The job `fastsgd pack SOURCE` packs (train.py, train.py:NAME or a TOML config), and
+    the archive's default name."""
+    if source.endswith(".fsj") and Path(source).is_file():
+        raise UserError(f"{source} is a job archive already: train it with fastsgd run {source}")
+    path, colon, name = source.partition(".py:")
+    if colon and not name:
+        raise UserError(f"{source}: the job's name after ':' is empty; write {source}NAME")
+    if path.endswith(".py") or colon:
+        script = path if path.endswith(".py") else f"{path}.py"
+        job = job_from_script(script, name or None, overrides)
+    else:
+        job = Job(config=path, options=overrides)
+    return job, f"{Path(path).stem}.fsj"
 
 
 def job_from_script(script: str | Path, name: str | None,
@@ -51,9 +68,22 @@ def _import(path: Path) -> Any:
     sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
-    except SyntaxError as e:
-        raise UserError(f"{path}: line {e.lineno}: {e.msg}") from None
+    except UserError:
+        raise
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the script's own error, any kind
+        raise _script_error(path, e) from None
     return module
+
+
+def _script_error(path: Path, e: BaseException) -> UserError:
+    """One line for an error in importing the user's script, at the script's line it came
+    from (a module the script imports may have raised it)."""
+    if isinstance(e, SyntaxError) and e.filename == str(path):
+        return UserError(f"{path}: line {e.lineno}: {e.msg}")
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
+    where = f", line {lines[-1]}" if lines else ""
+    said = (str(e).strip().splitlines() or [""])[0]
+    return UserError(f"{path}{where}: {type(e).__name__}: {said}")
 
 
 def _sections(overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import html
 import os
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from fastsgd.errors import UserError
 from fastsgd.report import plots
 from fastsgd.report.runs import RunData
 from fastsgd.report.table import (
@@ -38,7 +40,11 @@ def write_report(runs: list[RunData], out: str | Path, title: str = "fastsgd rep
     """Write the report of `runs` into `out`; returns the files written. `plot_names`
     limits the plots (a run's own small report draws fewer)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "a file is in the way" if out.exists() else e.strerror
+        raise UserError(f"report folder {out}: cannot make it ({why})") from None
     for old in ["seeds.csv", *(name for name, _, _ in plots.PLOTS)]:  # an earlier report's
         (out / old).unlink(missing_ok=True)
     table, seeds = rows(runs), over_seeds(runs)
@@ -76,8 +82,13 @@ def write_run_report(run_dir: str | Path) -> Path:
 
 def _write(path: Path, data: bytes) -> Path:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only folder, a full disk, a folder called report.md
+        with suppress(OSError):
+            tmp.unlink()
+        raise UserError(f"{path}: cannot write the report ({e.strerror})") from None
     return path
 
 

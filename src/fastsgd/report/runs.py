@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,11 @@ from fastsgd.errors import UserError
 from fastsgd.metrics import read_jsonl
 
 NEEDED = ("summary.json", "metrics.jsonl", "eval.jsonl")
+# what the report reads of summary.json (wall_to_target, target_accuracy: runs before
+# 2026-11-28 lack them)
+SUMMARY = ("strategy", "compressor", "workers", "steps", "epochs", "final_accuracy",
+           "time_to_target", "wall_time", "simulated_time", "samples_per_second",
+           "bytes_sent_total", "consensus_distance")
 LABELS = "labels.json"  # {folder name: label}, beside a bench's cell folders
 DEPTH = 3  # how far below a bench directory run directories are looked for
 
@@ -73,28 +79,41 @@ class RunData:
 
 
 def load_run(path: str | Path) -> RunData:
-    """One finished run directory, or one line naming what it lacks."""
+    """One finished run directory, or one line naming what it lacks or which file is
+    damaged."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: no such run directory")
     missing = [name for name in NEEDED if not (path / name).is_file()]
     if missing:
         raise UserError(f"{path}: not a finished run directory (no {', '.join(missing)})")
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-        metrics, evals = read_jsonl(path / "metrics.jsonl"), read_jsonl(path / "eval.jsonl")
-        environment = _json(path / "environment.json")
-        label = _json(path.parent / LABELS).get(path.name, "")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-        raise UserError(f"{path}: a damaged file ({e})") from None
+    summary = _read(path / "summary.json", _json)
+    absent = [key for key in SUMMARY if key not in summary]
+    if absent:
+        raise UserError(f"{path / 'summary.json'}: not a fastsgd run summary (no "
+                        f"{', '.join(absent)})")
+    metrics, evals = (_read(path / name, read_jsonl) for name in ("metrics.jsonl", "eval.jsonl"))
+    environment = _read(path / "environment.json", _json)
+    label = _read(path.parent / LABELS, _json).get(path.name, "")
     if not metrics:
         raise UserError(f"{path}: metrics.jsonl holds no steps")
     config = read_toml(path / "config.toml") if (path / "config.toml").is_file() else {}
     return RunData(path, summary, config, metrics, evals, environment, label)
 
 
+def _read(path: Path, read: Callable[[Path], Any]) -> Any:
+    try:
+        return read(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: a damaged file ({e})") from None
+
+
 def _json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """A JSON object, {} if there is no such file."""
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a damaged file (a JSON {type(data).__name__}, not an object)")
+    return data
 
 
 def _natural(path: Path) -> list:
