@@ -292,3 +292,26 @@ def test_cut_back_keeps_what_it_drops_aside_one_folder_per_cut(tmp_path):
     assert (tmp_path / "metrics.jsonl").read_text() == ""
     assert (tmp_path / "attempts/2/metrics.jsonl").read_text() == lines(range(1, 6))
     assert sorted(p.name for p in (tmp_path / "attempts").iterdir()) == ["1", "2"]
+
+
+# A crash mid-write leaves a torn last line in a log: a resume drops it (set aside with
+# what it cuts); a damaged line before the end is the user's to look at.
+@pytest.mark.parametrize("torn", ['{"step": 3, bro', '{"step": 3, broken\n', "garbage",
+                                  "\0\0\0\0"])
+def test_cut_back_drops_a_torn_last_line(tmp_path, torn):
+    whole = "".join(json.dumps({"step": s}) + "\n" for s in (1, 2))
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        (tmp_path / name).write_text(whole + torn)
+    checkpoint.cut_back(tmp_path, 2)
+    assert (tmp_path / "metrics.jsonl").read_text() == whole
+    assert (tmp_path / "eval.jsonl").read_text() == whole
+    assert (tmp_path / "attempts/1/metrics.jsonl").read_text() == torn
+
+
+def test_cut_back_ends_a_whole_last_line_and_refuses_damage_before_it(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}')  # no newline
+    checkpoint.cut_back(tmp_path, 2)
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+    (tmp_path / "eval.jsonl").write_text('{"step": 1}\n{"step": \n{"step": 2}\n')
+    with pytest.raises(UserError, match=r"eval.jsonl, line 2, is not a JSON record"):
+        checkpoint.cut_back(tmp_path, 2)

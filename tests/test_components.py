@@ -2,6 +2,7 @@
 it repeats the run or refuses in one line."""
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -201,3 +202,54 @@ def test_config_optimizers_take_the_bits_of_torchs_default_path(section, synthet
             torch.nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
     assert all(torch.equal(p, q) for p, q in zip(ours.parameters(), theirs.parameters()))
+
+
+SMALL = {"data.name": "digits", "model.name": "mlp", "run.workers": 2, "run.steps": 2}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"optimizer.name": "torch.optim:Adam", "optimizer.momentum": 0.9},
+     "optimizer.name = 'torch.optim:Adam': Adam.__init__() got an unexpected keyword "
+     "argument 'momentum'"),
+    ({"optimizer.name": "torch.optim:SGD", "optimizer.lr": -1},
+     "optimizer.name = 'torch.optim:SGD': Invalid learning rate: -1"),
+    ({"optimizer.name": "torch.nn:Linear"},
+     "optimizer.name = 'torch.nn:Linear' names a class that is not a torch.optim.Optimizer"),
+])
+def test_what_a_named_optimizer_refuses_is_one_line(options, message):
+    with pytest.raises(ConfigError) as err:
+        fs.Job(options={**SMALL, **options}, quiet=True)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+# An import path naming the wrong kind of object is refused when the config is read, in one
+# line that says what the key must name.
+@pytest.mark.parametrize("key, must", [
+    ("strategy.name", "a strategy class"), ("compression.name", "a compressor class"),
+    ("optimizer.name", "a torch.optim.Optimizer class"),
+    ("model.step", "a function(model, batch) -> loss"),
+    ("model.name", "a class or function making a torch.nn.Module with no arguments")])
+def test_an_import_path_naming_a_module_says_what_the_key_must_name(key, must):
+    with pytest.raises(ConfigError, match=f"^{key} = 'os:path' names a module; it must "
+                                          f"name {re.escape(must)}"):
+        fs.Job(options={**SMALL, key: "os:path"}, quiet=True)
+
+
+def test_a_step_taking_other_arguments_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"model.step = 'os:getcwd' does not take 2 "
+                                          r"arguments; it must name a function\(model, batch"):
+        fs.Job(options={**SMALL, "model.step": "os:getcwd"}, quiet=True)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("torch.nn:Linear", "model.name = 'torch.nn:Linear': Linear.__init__() missing 2 "
+                        "required positional arguments"),
+    ("os:getcwd", "model.name = 'os:getcwd' made a str, not a torch.nn.Module"),
+    ("torch.nn:Flatten", "model.name = 'torch.nn:Flatten' made a Flatten without parameters"),
+])
+def test_a_model_factory_that_makes_no_model_is_one_line(tmp_path, value, message):
+    job = fs.Job(options={**SMALL, "model.name": value, "run.out": str(tmp_path / "run")},
+                 quiet=True)
+    with pytest.raises(ConfigError) as err:
+        job.simulate()
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)

@@ -207,3 +207,11 @@ def test_survivors_split_the_same_global_batches_among_themselves():
             assert torch.equal(taken, whole.batch(step)[1])
         assert [len(p.batch(0)[1]) for p in parts] == ([11, 10] if count == 2 else [21])
         assert all(p.steps_per_epoch == 4 for p in parts)
+
+
+def test_idx_splits_of_other_image_sizes_are_one_line(tmp_path: Path) -> None:
+    folder = make_idx_folder(tmp_path / "mini")
+    write_idx(folder / "t10k-images-idx3-ubyte.gz", np.zeros((12, 4, 4), np.uint8), gz=True)
+    with pytest.raises(UserError, match="IDX images in .*mini differ in size: train 6x5, "
+                                        "t10k 4x4"):
+        load_dataset("idx", path=str(folder))

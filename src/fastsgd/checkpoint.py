@@ -198,15 +198,43 @@ def cut_back(run_dir: Path, step: int) -> None:
         path = run_dir / name
         if not path.exists():
             continue
-        kept: list[str] = []
-        dropped: list[str] = []
-        for line in path.read_text().splitlines(keepends=True):
-            if line.strip():
-                (kept if json.loads(line)["step"] <= step else dropped).append(line)
+        text = path.read_text(errors="replace")
+        kept, dropped = _split_log(path, text, step)
         if dropped:
             aside = aside or _next_attempt(run_dir)
             write_atomic(aside / name, "".join(dropped).encode())
+        if dropped or "".join(kept) != text:
             write_atomic(path, "".join(kept).encode())
+
+
+def _split_log(path: Path, text: str, step: int) -> tuple[list[str], list[str]]:
+    """The lines of a log to keep (step <= `step`, each ending in a newline, for the next
+    appends) and those to drop. A crash mid-write leaves a torn last line: it is dropped;
+    a line that is not a record anywhere else is damage that the user must look at."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    lines = text.splitlines(keepends=True)
+    for n, line in enumerate(lines, 1):
+        logged = _logged_step(line)
+        if logged is not None:
+            line = line if line.endswith("\n") else line + "\n"
+            (kept if logged <= step else dropped).append(line)
+        elif line.strip() and any(rest.strip() for rest in lines[n:]):
+            raise UserError(f"{path}, line {n}, is not a JSON record with a step (the file "
+                            "is damaged): repair or delete that line to resume")
+        elif line.strip():
+            dropped.append(line)
+    return kept, dropped
+
+
+def _logged_step(line: str) -> int | None:
+    """The step a metrics.jsonl or eval.jsonl line records; None if it is not a record."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    logged = record.get("step") if isinstance(record, dict) else None
+    return logged if isinstance(logged, int) and not isinstance(logged, bool) else None
 
 
 def _next_attempt(run_dir: Path) -> Path:

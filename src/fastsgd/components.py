@@ -8,6 +8,8 @@ records what ran; the `*_from_config` functions rebuild each piece from those ke
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -15,9 +17,9 @@ import torch
 
 from fastsgd.compress import CODECS
 from fastsgd.data import SEEDED_DATASETS, Dataset
-from fastsgd.errors import UserError
+from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks.base import model_loss_step
-from fastsgd.objects import import_path, is_import_path, resolve
+from fastsgd.objects import WANTED, described, import_path, is_import_path, resolve
 from fastsgd.options import Registry
 from fastsgd.plan import cross_entropy_step, evaluate_classifier
 from fastsgd.strategies import STRATEGIES
@@ -102,17 +104,46 @@ def _record_component(obj: Any, registry: Registry) -> dict[str, Any]:
 
 def function_from_config(key: str, value: str) -> Callable[..., Any]:
     """[model] step or evaluate: a built-in name or an import path."""
-    return BUILTIN_FUNCTIONS[key].get(value) or resolve(value, f"model.{key}")
+    builtin = BUILTIN_FUNCTIONS[key].get(value)
+    if builtin is not None:
+        return builtin
+    fn = resolve(value, f"model.{key}")
+    arguments = 2 if key == "step" else 3  # (model, batch); (model, dataset, device)
+    try:
+        inspect.signature(fn).bind(*[None] * arguments)
+    except TypeError:
+        raise ConfigError(f"model.{key} = '{value}' does not take {arguments} arguments; it "
+                          f"must name {WANTED[f'model.{key}'][0]}") from None
+    except ValueError:
+        pass  # no signature to read (some built-ins): it is called as it is
+    return fn
 
 
 def model_factory(value: str) -> Callable[[], torch.nn.Module] | None:
-    """[model] name as a zero-argument factory; None for a built-in model's name."""
+    """[model] name as a zero-argument factory; None for a built-in model's name. It is
+    wrapped, to say in one line where it does not make a model, unless it is a framework's
+    model (JAX's: Job looks at its attributes), which checks itself."""
     if not is_import_path(value):
         return None
     factory = resolve(value, "model.name")
-    if not callable(factory):
-        raise UserError(f"model.name = '{value}' is not a class or function")
-    return factory
+    if hasattr(factory, "check_data"):
+        return factory
+    return functools.partial(_made_model, factory, value)  # picklable, unlike a closure
+
+
+def _made_model(factory: Callable[[], Any], value: str) -> torch.nn.Module:
+    try:
+        model = factory()
+    except TypeError as e:  # it wants arguments
+        raise ConfigError(f"model.name = '{value}': {e}; it must name "
+                          f"{WANTED['model.name'][0]}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"model.name = '{value}' made {described(model)}, not a "
+                          "torch.nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"model.name = '{value}' made a {type(model).__name__} without "
+                          "parameters to train")
+    return model
 
 
 def model_argument(model: Any) -> Callable[[], torch.nn.Module] | None:
@@ -134,10 +165,9 @@ def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
     update took 0.46 ms instead of 0.66), which a simulator stepping hundreds of workers
     pays on every one."""
     if is_import_path(section["name"]):
-        cls = resolve(section["name"], "optimizer.name")
-        kwargs = {k: tuple(v) if isinstance(v, list) else v
-                  for k, v in section.items() if k != "name"}
-        return lambda params: cls(params, **kwargs)
+        make = functools.partial(_imported_optimizer, section)
+        make([torch.nn.Parameter(torch.zeros(1))])  # a bad option fails now, in one line
+        return make
     lr, wd = section["lr"], section["weight_decay"]
     if section["name"] == "adam":
         return lambda params: torch.optim.Adam(params, lr=lr, weight_decay=wd, foreach=True)
@@ -146,3 +176,23 @@ def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
         raise UserError("optimizer.nesterov = true needs optimizer.momentum > 0")
     return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd,
                                           nesterov=nesterov, foreach=True)
+
+
+def _imported_optimizer(section: dict[str, Any],
+                        params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer an import path names, given the section's other keys as options."""
+    name = section["name"]
+    make = resolve(name, "optimizer.name")
+    if isinstance(make, type) and not issubclass(make, torch.optim.Optimizer):
+        raise ConfigError(f"optimizer.name = '{name}' names a class that is not a "
+                          f"torch.optim.Optimizer; it must name {WANTED['optimizer.name'][0]}")
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()
+              if k != "name"}
+    try:
+        optimizer = make(params, **kwargs)
+    except (TypeError, ValueError) as e:  # an option it does not take, or a bad value
+        raise ConfigError(f"optimizer.name = '{name}': {e}") from None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"optimizer.name = '{name}' made {described(optimizer)}, not a "
+                          "torch.optim.Optimizer")
+    return optimizer

@@ -72,6 +72,10 @@ def _load_idx_folder(name: str, folder: Path, missing_hint: str | None) -> Datas
                 wanted = idx_names(split, kind)[0]
                 raise UserError(f"IDX file {wanted}[.gz] not found in {folder} (data.path)")
         splits.append(load_idx_split(files[0], files[1]))
+    train, test = ("x".join(map(str, x.shape[2:])) for x, _ in splits)
+    if train != test:  # a model takes one input shape
+        raise UserError(f"IDX images in {folder} differ in size: train {train}, t10k {test}; "
+                        "both splits need the same")
     return _make_dataset(name, splits[0], splits[1])
 
 

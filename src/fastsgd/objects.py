@@ -10,11 +10,26 @@ the file refuses it in one line naming the key.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from typing import Any
 
 from fastsgd.errors import ConfigError
+
+# What an import path under each key must name (a module or a constant never is), and the
+# methods a class there must have: one line says so, not a TypeError where it is first used.
+WANTED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "model.name": ("a class or function making a torch.nn.Module with no arguments", ()),
+    "model.step": ("a function(model, batch) -> loss", ()),
+    "model.evaluate": ("a function(model, dataset, device) -> (accuracy, loss)", ()),
+    "optimizer.name": ("a torch.optim.Optimizer class, or a function(params, **options) "
+                       "making one", ()),
+    "strategy.name": ("a strategy class (with init, on_gradients, on_parameters)",
+                      ("init", "on_gradients", "on_parameters")),
+    "compression.name": ("a compressor class (with init, encode, decode)",
+                         ("init", "encode", "decode")),
+}
 
 
 def import_path(obj: Any) -> str:
@@ -52,7 +67,28 @@ def resolve(value: str, key: str) -> Any:
         if not hasattr(obj, part):
             raise ConfigError(f"{key} = '{value}': {module_name} has no {qualname}")
         obj = getattr(obj, part)
+    check_kind(obj, value, key)
     return obj
+
+
+def check_kind(obj: Any, value: str, key: str) -> None:
+    """ConfigError if `obj`, found at import path `value`, is not what `key` must name."""
+    if key not in WANTED:
+        return
+    what, methods = WANTED[key]
+    fits = callable(obj) and (not methods or isinstance(obj, type)
+                              and all(callable(getattr(obj, m, None)) for m in methods))
+    if not fits:
+        raise ConfigError(f"{key} = '{value}' names {described(obj)}; it must name {what}")
+
+
+def described(obj: Any) -> str:
+    """'a module', 'a class', 'a function' or 'a str' (what the object is, in a message)."""
+    if inspect.ismodule(obj):
+        return "a module"
+    if isinstance(obj, type):
+        return "a class"
+    return "a function" if callable(obj) else f"a {type(obj).__name__}"
 
 
 def not_rebuildable(value: str) -> str | None:

@@ -13,10 +13,20 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastsgd.checkpoint import commit, gather_digests, load, rng_state, save_worker, set_rng_state
+from fastsgd.checkpoint import (
+    commit,
+    gather_digests,
+    load,
+    rank_file,
+    rng_state,
+    save_worker,
+    set_rng_state,
+)
 from fastsgd.errors import UserError
+from fastsgd.objects import import_path
 
 if TYPE_CHECKING:
     from fastsgd.worker import _Loop as Loop
@@ -32,7 +42,7 @@ def save(loop: Loop, step: int) -> None:
     state = {"step": step, "model": loop.model.state_dict(),
              "optimizer": loop.optimizer.state_dict(),
              "replica": loop.replica.state_dict(), "loop": loop_state(loop, began),
-             "rng": rng_state()}
+             "rng": rng_state(), "written_by": written_by(loop)}
     if loop.plan.simulated:
         state["sim"] = sim_state(loop, step)
     digest = save_worker(loop.plan.run_dir, step, loop.rank, state)
@@ -77,6 +87,34 @@ def complete(loop: Loop, step: int, digest: bytes, began: float,
     loop.paused += loop.t.now() - began
 
 
+def written_by(loop: Loop) -> dict[str, list[str]]:
+    """What made the model and the optimizer: their config names and classes."""
+    config = loop.plan.config
+    return {key: [str(config[key]["name"]), import_path(type(made))]
+            for key, made in (("model", loop.model), ("optimizer", loop.optimizer))}
+
+
+def load_states(loop: Loop, saved: dict[str, Any], path: Path) -> None:
+    """Model, optimizer and strategy state from checkpoint file `path`, or one line naming
+    the key (model.name, optimizer.name) that differs from the run's that wrote it."""
+    config, then = loop.plan.config, saved.get("written_by", {})  # not in older checkpoints
+    for key, (name, made) in written_by(loop).items():
+        if key in then and then[key][1] != made:
+            raise UserError(f"{path} was written by another {key}: {key}.name = "
+                            f"'{then[key][0]}', not '{name}'; resume with that {key}.name, "
+                            "or start a new run")
+    for key, target in (("model", loop.model), ("optimizer", loop.optimizer),
+                        ("replica", loop.replica)):
+        section = "strategy" if key == "replica" else key
+        try:
+            target.load_state_dict(saved[key])
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError):
+            # torch's own errors: tensors missing, unexpected or of other shapes
+            raise UserError(f"{path} was written by another {section}: it does not fit "
+                            f"{section}.name = '{config[section]['name']}'; resume with the "
+                            f"{section}.name it was written with, or start a new run") from None
+
+
 def loop_state(loop: Loop, began: float) -> dict[str, Any]:
     return {"sent": loop.sent, "received": loop.received, "eval_time": loop.eval_time,
             "paused": loop.paused, "evaluated": loop.evaluated, "clock": loop.clock(),
@@ -104,9 +142,11 @@ def restore(loop: Loop, step: int, data: bytes) -> int:
                         f"and the run has {loop.steps} steps; to train longer, --set "
                         "run.steps to more")
     saved = load(data)
-    loop.model.load_state_dict(saved["model"])
-    loop.optimizer.load_state_dict(saved["optimizer"])
-    loop.replica.load_state_dict(saved["replica"])
+    if "sim" in saved and not loop.plan.simulated:
+        raise UserError(f"the checkpoint in {loop.plan.run_dir} was written by fastsgd "
+                        f"simulate: resume it with fastsgd simulate --resume "
+                        f"{loop.plan.run_dir}")
+    load_states(loop, saved, rank_file(loop.plan.run_dir, step, loop.rank))
     set_rng_state(saved["rng"])
     was = saved["loop"]
     loop.sent, loop.received = was["sent"], was["received"]

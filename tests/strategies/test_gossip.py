@@ -1,5 +1,7 @@
 """D-PSGD on incomplete topologies (Lian et al. 2017; the FAST paper's 2D torus)."""
 
+import re
+
 import pytest
 import torch
 
@@ -104,3 +106,14 @@ def test_the_default_consensus_step_shrinks_with_the_codec_and_draws_nothing():
     assert abs(steps["onebit"] - 2.5 * 0.04) < 0.005  # its bytes: 1.25 bits an element
     assert steps["randomk"] < steps["dgc"] * 3 and steps["topk"] < steps["qsgd"] < 0.5
     assert abs(steps["fp16"] - 0.5) < 1e-6  # half the bytes, all the energy: capped
+
+
+@pytest.mark.parametrize("strategy", ["dpsgd", "sgp"])
+@pytest.mark.parametrize("edges, shown", [([0, 1], "0"), ([[0, [1]]], "[0, [1]]")])
+def test_custom_edges_of_the_wrong_shape_are_one_line(strategy, edges, shown):
+    job = fs.Job(options={"data.name": "digits", "model.name": "mlp", "run.workers": 2,
+                          "run.steps": 2, "strategy.name": strategy,
+                          "strategy.topology": "custom", "strategy.edges": edges})
+    with pytest.raises(fs.UserError, match=re.escape(f"custom: strategy.edges[0] = {shown} must "
+                                                  "be [a, b] with two different ranks")):
+        job.simulate()

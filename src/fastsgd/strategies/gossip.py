@@ -53,8 +53,13 @@ def _shared_topology(key: tuple, world_size: int) -> Topology:
     graph of 1024 workers is 1.5 MB; a Topology is never changed once built)."""
     graph = dict(key)
     edges = graph.pop("edges")
-    return build_topology(graph.pop("name"), world_size, **graph,
-                          edges=[list(e) for e in edges] if edges else None)
+    return _topology({**graph, "edges": [list(e) for e in edges] if edges else None},
+                     world_size)
+
+
+def _topology(graph: dict[str, Any], world_size: int) -> Topology:
+    graph = dict(graph)
+    return build_topology(graph.pop("name"), world_size, **graph)
 
 
 class _OnGraph(Configurable, section="strategy"):
@@ -75,8 +80,12 @@ class _OnGraph(Configurable, section="strategy"):
 
     def build(self, world_size: int) -> Topology:
         edges = self.graph["edges"]
-        frozen = tuple(map(tuple, edges)) if edges else None
-        key = tuple(sorted({**self.graph, "edges": frozen}.items()))
+        try:
+            frozen = tuple(map(tuple, edges)) if edges else None
+            key = tuple(sorted({**self.graph, "edges": frozen}.items()))
+            hash(key)
+        except TypeError:  # edges that are not [a, b] pairs: the graph says so, in one line
+            return _topology(self.graph, world_size)
         return _shared_topology(key, world_size)
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
