@@ -28,7 +28,7 @@ def finished(tmp_path_factory):
 
 @pytest.fixture
 def run(finished, tmp_path):
-    """A copy of the run for each test: a failed resume writes its config.toml."""
+    """A copy of the run for each test."""
     return shutil.copytree(finished, tmp_path / "run")
 
 
@@ -38,9 +38,11 @@ def run(finished, tmp_path):
     ("model.name", "tests.test_resume:small_mlp",
      "another model: it does not fit model.name = 'tests.test_resume:small_mlp'")])
 def test_a_resume_with_another_model_or_optimizer_is_one_line(run, key, value, message):
+    config = (run / "config.toml").read_text()
     job = fs.Job(resume=run, quiet=True, options={"run.steps": 6, key: value})
     with pytest.raises(UserError, match=re.escape(f"rank-00000.pt was written by {message}")):
         job.simulate()
+    assert (run / "config.toml").read_text() == config  # a plain --resume still works
 
 
 # Only real processes lack the simulator's clock: the run's checkpoints hold its own.

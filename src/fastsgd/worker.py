@@ -121,9 +121,10 @@ class _Loop:
                 recovery.recover(self, e)
 
     def start_up(self) -> int:
-        """Record what runs, agree on the checkpoint to resume from, start the clock
-        together; the step to start at."""
-        self.record_environment()
+        """Agree on the checkpoint to resume from, start the clock together, record what
+        runs (once a resume took the checkpoint: a refused one leaves config.toml as it
+        was); the step to start at."""
+        hosts = [socket.gethostname()] if self.plan.simulated else host_names(self.t)
         saved = (checkpoint.agree_step(self.plan.run_dir, self.t,
                                        required=not self.plan.fresh_if_none)
                  if self.plan.resume else None)
@@ -135,15 +136,16 @@ class _Loop:
         interrupt.set_ready(self.rank)
         self.t.off_clock()
         self.start, self.wall_start = self.t.now(), time.perf_counter()
-        return resume.restore(self, *saved) if saved else 0
+        step = resume.restore(self, *saved) if saved else 0
+        self.record_environment(hosts)
+        return step
 
-    def record_environment(self) -> None:
+    def record_environment(self, hosts: list[str]) -> None:
         """config.toml (what ran) and environment.json (where, with what) in the run dir."""
-        simulated = self.plan.simulated
-        hosts = [socket.gethostname()] if simulated else host_names(self.t)
         if self.rank == 0:
             (self.plan.run_dir / "config.toml").write_text(to_toml(self.plan.config))
-            backend = "simulated" if simulated else str(torch.distributed.get_backend())
+            backend = ("simulated" if self.plan.simulated
+                       else str(torch.distributed.get_backend()))
             write_json(self.plan.run_dir / "environment.json", environment(backend, hosts))
 
     def clock(self) -> float:
