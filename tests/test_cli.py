@@ -253,3 +253,9 @@ def test_an_interrupt_inside_a_string_exec_still_ends_with_130(tmp_path):
     done = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path,
                           capture_output=True, text=True)
     assert (done.returncode, done.stderr) == (130, "fastsgd: interrupted\n")
+
+
+def test_a_folder_as_config_is_one_line(tmp_path):
+    done = fastsgd("simulate", str(tmp_path), "--set", "run.steps=1", cwd=tmp_path)
+    assert done.returncode == 2
+    _one_line(done.stderr, f"cannot read config file {tmp_path}: Is a directory")

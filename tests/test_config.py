@@ -56,3 +56,67 @@ def test_malformed_toml_names_the_file(tmp_path):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         cfg.load(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("content", [None, b"\xff\xfe[run]\x00\x9c"])
+def test_a_config_that_is_no_text_file_names_the_file(tmp_path, content):
+    path = tmp_path / "c.toml"
+    path.mkdir() if content is None else path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"config file {path}"):
+        cfg.load(path)
+
+
+def test_an_unreadable_config_names_the_file(tmp_path, monkeypatch):
+    def denied(path, mode):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(cfg, "open", denied, raising=False)  # as root, chmod would not do
+    with pytest.raises(ConfigError, match=f"cannot read config file {tmp_path}.*denied"):
+        cfg.load(tmp_path / "c.toml")
+
+
+@pytest.mark.parametrize("text", ["run = 5\n", "run = [1, 2]\n", "[[run]]\nworkers = 2\n"])
+def test_a_section_that_is_not_a_table_names_it(tmp_path, text):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"c.toml: \[run\] must be a table"):
+        cfg.load(path, ["run.workers=2"])
+
+
+@pytest.mark.parametrize("override, culprit", [
+    ("run.epochs=inf", "run.epochs must be a finite number"),
+    ("run.epochs=nan", "run.epochs must be a finite number"),
+    pytest.param("run.epochs=" + "9" * 400, "run.epochs must be a finite number", id="9" * 9),
+    ("optimizer.lr=inf", "optimizer.lr must be a finite number"),
+    ("strategy.bucket_mb=inf", "strategy.bucket_mb must be a finite number"),
+    ("compute.sigma=inf", "compute.sigma must be a finite number"),
+    ("compute.sigma=1e200", "compute.sigma must be in [0, 10]"),
+    ("compute.straggler_factor=inf", "compute.straggler_factor must be a finite number"),
+    ("compute.slowdown=[1, inf]", "compute.slowdown must hold only finite numbers"),
+    ('faults.crash=[{worker = 1, at = nan}]', "faults.crash must hold only finite numbers"),
+    ("run.timeout=inf", "run.timeout must be a finite number"),
+    ("run.timeout=1e12", "run.timeout must be > 0 and at most a week"),
+    ("run.seed=99999999999999999999", "run.seed must be an integer from -2**63"),
+    ("run.seed=-1", "run.seed must be in [0, 9223372036854775807]"),
+])
+def test_numbers_must_be_finite_and_in_range(override, culprit):
+    with pytest.raises(ConfigError) as err:
+        cfg.load(None, ["compute.straggler_prob=0.5", override])
+    assert culprit in str(err.value)
+
+
+def test_a_codec_seed_fits_64_bits():
+    with pytest.raises(ConfigError, match="compression.seed must be an integer from -2"):
+        cfg.load(None, ["compression.name=powersgd", "compression.seed=99999999999999999999"])
+
+
+def test_another_strategy_drops_the_keys_of_the_one_the_file_chose(tmp_path):
+    path = tmp_path / "config.toml"  # a run's config: all of allreduce's and topk's options
+    path.write_text(cfg.to_toml(cfg.load(None, ["compression.name=topk"])))
+    c = cfg.load(path, ["strategy.name=dpsgd", "compression.name=qsgd"])
+    assert c["strategy"]["name"] == "dpsgd" and "bucket_mb" not in c["strategy"]
+    assert c["compression"]["name"] == "qsgd" and "ratio" not in c["compression"]
+    with pytest.raises(ConfigError, match="unknown config key 'strategy.bucket_mb'"):
+        cfg.load(path, ["strategy.bucket_mb=3", "strategy.name=dpsgd"])  # given: checked
+    path.write_text('[strategy]\nname = "dpsgd"\ntopolgy = "ring"\n')
+    with pytest.raises(ConfigError, match="unknown config key 'strategy.topolgy'"):
+        cfg.load(path, ["strategy.name=dpsgd"])  # the same choice: the file's typo fails

@@ -5,7 +5,7 @@ import pytest
 import fastsgd as fs
 from fastsgd import config as cfg
 from fastsgd.errors import ConfigError
-from fastsgd.options import Option
+from fastsgd.options import Option, at_least, positive
 
 
 @pytest.mark.parametrize("kind, value, shown", [
@@ -52,3 +52,20 @@ def test_api(synthetic):
     job = fs.Job(model="mlp", data=synthetic, quiet=True, options={"run.steps": 1})
     with pytest.raises(ConfigError, match=r"run.workers must be of type int, got '2' \(str\)"):
         job.run(workers="2")
+
+
+@pytest.mark.parametrize("kind, check, value, says", [
+    (float, None, float("inf"), "sec.key must be a finite number, got inf"),
+    (float, positive, float("inf"), "sec.key must be a finite number, got inf"),
+    (float, at_least(0), float("nan"), "sec.key must be a finite number, got nan"),
+    pytest.param(float, None, 10 ** 400, "sec.key must be a finite number", id="10**400"),
+    (int, None, 2 ** 63, "sec.key must be an integer from -2**63 to 2**63 - 1"),
+    (int, at_least(0), -2 ** 63 - 1, "sec.key must be an integer from -2**63 to 2**63 - 1"),
+    (list, None, [1, [2, float("-inf")]], "sec.key must hold only finite numbers"),
+    (dict, None, {"3": float("nan")}, "sec.key must hold only finite numbers"),
+])
+def test_numbers_are_finite_and_integers_fit_64_bits(kind, check, value, says):
+    with pytest.raises(ConfigError) as err:
+        Option(kind, kind(), check).validate("sec.key", value)
+    assert str(err.value).startswith(says)
+

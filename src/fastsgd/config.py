@@ -12,7 +12,17 @@ from typing import Any
 
 from fastsgd.errors import ConfigError
 from fastsgd.objects import is_import_path
-from fastsgd.options import Option, at_least, between, one_of, positive, validate_section
+from fastsgd.options import (
+    Option,
+    Registry,
+    at_least,
+    between,
+    describe,
+    one_of,
+    positive,
+    toml_value,
+    validate_section,
+)
 from fastsgd.units import bandwidth_check, time_check
 
 try:
@@ -20,9 +30,17 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+WEEK = 7 * 24 * 3600  # run.timeout's bound: socket timeouts overflow beyond ~9e9 s
+SEEDS = between(0, 2 ** 63 - 1)  # torch.manual_seed takes 64 bits; data.py adds the epoch
+
+
 def _slowdowns(values: list) -> str | None:
     ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1 for v in values)
     return None if ok else "must be a list of numbers >= 1 (one factor per worker rank)"
+
+
+def _timeout(v: float) -> str | None:
+    return None if 0 < v <= WEEK else f"must be > 0 and at most a week ({WEEK} s)"
 
 
 def _below_one(v: float) -> str | None:
@@ -60,7 +78,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "workers": Option(int, 4, at_least(1), "number of workers"),
         "steps": Option(int, 0, at_least(0), "training steps; 0 = use epochs"),
         "epochs": Option(float, 8.0, positive, "epochs over the training set (if steps = 0)"),
-        "seed": Option(int, 0, doc="seed of model init and data order"),
+        "seed": Option(int, 0, SEEDS, "seed of model init and data order, 0 to 2**63 - 1"),
         "out": Option(str, "", doc="run directory; empty = runs/<strategy>-<time>"),
         "eval_every": Option(int, 500, at_least(0), "evaluate every N steps; 0 = at the end"),
         "target_accuracy": Option(float, 0.88, between(0, 1), "for time_to_target; 0 = none"),
@@ -70,7 +88,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "representative": Option(str, "average", one_of(("average", "best", "rank0")),
                                  "the model saved and evaluated"),
         "backend": Option(str, "auto", one_of(("auto", "gloo", "nccl")), "torch.distributed"),
-        "timeout": Option(float, 300.0, positive, "seconds a collective may wait for a peer"),
+        "timeout": Option(float, 300.0, _timeout, "seconds a collective may wait for a peer "
+                          "(at most a week)"),
         "checkpoint_every": Option(int, 0, at_least(0), "write a checkpoint every N steps and "
                                    "at the end; 0 = never (see --resume)"),
         "keep_checkpoints": Option(int, 2, at_least(1), "complete checkpoints kept"),
@@ -127,7 +146,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "slowdown": Option(list, [], _slowdowns, "per-worker compute factors, e.g. [1, 1, 1, 3]"),
         "straggler_prob": Option(float, 0.0, _below_one, "chance a worker's step is slow"),
         "straggler_factor": Option(float, 4.0, at_least(1), "how much slower that step is"),
-        "sigma": Option(float, 0.0, at_least(0), "log-normal noise on every step's compute"),
+        "sigma": Option(float, 0.0, between(0, 10), "log-normal noise on every step's compute "
+                        "(0 to 10)"),
         "trace": Option(str, "", doc="CSV: each worker's windows, speed, bandwidth"),
         "lanes": Option(int, -1, at_least(-1), "simulator: threads that compute workers' "
                         "steps beside its scheduler, same results (-1: one per core)"),
@@ -165,10 +185,7 @@ def defaults() -> dict[str, dict[str, Any]]:
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     """Read a TOML file (or start from the defaults), apply `key=value` overrides, validate."""
     raw: dict[str, Any] = read_toml(Path(path)) if path is not None else {}
-    for key, value in parse_overrides(overrides).items():
-        section, _, name = key.partition(".")
-        raw.setdefault(section, {})[name] = value
-    return validate(raw)
+    return validate(with_options(raw, parse_overrides(overrides), str(path or "")))
 
 
 def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -188,8 +205,59 @@ def read_toml(path: Path) -> dict:
             return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except OSError as e:  # a folder, no permission
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text (TOML)") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"malformed TOML in {path}: {e}") from None
+
+
+def tables(raw: dict, source: str = "") -> dict:
+    """A copy of `raw` whose sections are fresh dicts, before options are set in them: a
+    section that is unknown or not a table (`run = 5`, `[[run]]`) is an error naming it
+    and `source` (the file)."""
+    where = f"{source}: " if source else ""
+    unknown = sorted(set(raw) - set(SCHEMA))
+    if unknown:
+        raise ConfigError(f"{where}unknown config section [{unknown[0]}]; known: "
+                          f"{', '.join(SCHEMA)}")
+    for section, values in raw.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}[{section}] must be a table of key = value, "
+                              f"got {section} = {toml_value(values)}")
+    return {section: dict(values) for section, values in raw.items()}
+
+
+def with_options(raw: dict, options: dict[str, Any], source: str = "") -> dict:
+    """A copy of `raw` (a file's sections) with `options` {"section.key": value} set in it.
+    An option that picks another strategy or codec than the file does drops the file's keys
+    of that section that the new one does not know: they configured the other one (a run's
+    config.toml run again with another strategy). The options' own keys stay checked."""
+    raw = tables(raw, source)
+    for key, value in options.items():
+        section, _, name = key.partition(".")
+        if not name:
+            raise ConfigError(f"option {key!r}: the key must be section.name, e.g. run.steps")
+        if section in OPEN_SECTIONS and name == "name":
+            raw[section] = _switched(section, raw.get(section, {}), value)
+    for key, value in options.items():
+        section, _, name = key.partition(".")
+        raw.setdefault(section, {})[name] = value
+    return raw
+
+
+def _switched(section: str, values: dict, name: Any) -> dict:
+    """`values` of a strategy or codec section, less what `name` (the new choice) does not
+    know, if it is another than values' own."""
+    if not isinstance(name, str) or name == values.get("name", SCHEMA[section]["name"].default):
+        return values
+    from fastsgd.compress import CODECS
+    from fastsgd.strategies import STRATEGIES
+
+    registry = STRATEGIES if section == "strategy" else CODECS
+    known = getattr(registry.get(name), "OPTIONS", {})
+    return {k: v for k, v in values.items() if k == "name" or k in known}
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -207,15 +275,10 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 def validate(raw: dict) -> dict:
     """Return a complete config: every section and key filled and checked."""
-    unknown = sorted(set(raw) - set(SCHEMA))
-    if unknown:
-        raise ConfigError(f"unknown config section [{unknown[0]}]; known: {', '.join(SCHEMA)}")
-    raw = _moved_keys(raw)
+    raw = _moved_keys(tables(raw))
     config = {}
     for section, schema in SCHEMA.items():
         values = raw.get(section, {})
-        if not isinstance(values, dict):
-            raise ConfigError(f"[{section}] must be a table of key = value")
         ignore = set(values) - set(schema) if section in OPEN_SECTIONS else ()
         if section == "optimizer" and is_import_path(values.get("name")):
             ignore = set(values) - {"name"}  # the class's keyword arguments, checked by it
@@ -232,12 +295,8 @@ def validate(raw: dict) -> dict:
 def _moved_keys(raw: dict) -> dict:
     """A config written before a key moved still reads (its run.slowdown is compute.slowdown)."""
     for (section, key), now in MOVED.items():
-        if isinstance(raw.get(section), dict) and key in raw[section]:
-            raw = {**raw, section: dict(raw[section])}
-            value = raw[section].pop(key)
-            target = raw.setdefault(now, {})
-            if isinstance(target, dict) and key not in target:
-                raw[now] = {**target, key: value}
+        if key in raw.get(section, {}):  # raw: tables()'s copy
+            raw.setdefault(now, {}).setdefault(key, raw[section].pop(key))
     return raw
 
 
@@ -254,46 +313,12 @@ def to_toml(config: dict) -> str:
     lines = []
     for section, values in config.items():
         lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
         lines.append("")
     return "\n".join(lines)
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{s}"'
-
-
-def _toml_key(key: Any) -> str:
-    text = str(key)
-    return text if text.replace("_", "").replace("-", "").isalnum() else _toml_value(text)
-
-
-def describe_keys(strategies: Any, codecs: Any) -> str:
+def describe_keys(strategies: Registry, codecs: Registry) -> str:
     """Every section and key with its type, default and meaning (`fastsgd keys`), and the
     options of each strategy and codec."""
-    lines = []
-    for section, schema in SCHEMA.items():
-        lines.append(f"[{section}]")
-        lines += [_key_line(k, o) for k, o in schema.items()]
-        if section in OPEN_SECTIONS:
-            registry = strategies if section == "strategy" else codecs
-            for name in registry:
-                options = registry.get(name).OPTIONS
-                lines.append(f"  name = \"{name}\"" + ("" if options else ": no options"))
-                lines += ["  " + _key_line(k, o) for k, o in options.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _key_line(key: str, option: Option) -> str:
-    default = _toml_value(option.default)
-    return f"  {key:<16} {option.type.__name__:<5} {default:<16} {option.doc}".rstrip()
+    return describe(SCHEMA, {"strategy": strategies, "compression": codecs})

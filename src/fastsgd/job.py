@@ -20,7 +20,7 @@ from fastsgd.components import (
     record,
 )
 from fastsgd.compress import Compressor, build_compressor
-from fastsgd.data import Dataset, load_dataset
+from fastsgd.data import Dataset, Shard, load_dataset
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks import brings_its_step, model_loss_step
 from fastsgd.frameworks.base import NO_DDP
@@ -66,15 +66,12 @@ class Job:
             config, options = _resume_config(Path(resume), config), {
                 **(options or {}), "run.out": str(resume)}
         if isinstance(config, (str, Path)) and str(config).endswith(ARCHIVE_SUFFIX):
-            config, options = _archive_config(config), {
-                **(options or {}), "model.packed": str(Path(config).resolve())}
+            config, options = _archive_config(config, options or {})
+        source = str(config) if isinstance(config, (str, Path)) else ""
         raw = cfg.read_toml(Path(config)) if isinstance(config, (str, Path)) else (config or {})
-        raw = {s: dict(v) if isinstance(v, dict) else v for s, v in raw.items()}
-        for key, value in (options or {}).items():
-            section, _, name = key.partition(".")
-            if not name:
-                raise ConfigError(f"option {key!r}: the key must be section.name, e.g. run.steps")
-            raw.setdefault(section, {})[name] = value
+        chosen = {f"{s}.name": a for s, a in (("strategy", strategy), ("compression", compressor))
+                  if isinstance(a, str)}  # a name given here picks a strategy as options do
+        raw = cfg.with_options(raw, {**(options or {}), **chosen}, source)
         given = {"model": model, "step": step, "evaluate": evaluate, "optimizer": optimizer,
                  "data": data, "strategy": strategy, "compressor": compressor}
         run = raw.get("run")
@@ -193,6 +190,9 @@ class Job:
         """Resolve everything the workers share (loads the dataset once, before forking);
         under torchrun, `transport` lets every rank agree on the run directory."""
         dataset = self._dataset(config)
+        # each worker's Shard checks it too, but only once forked: 100000 workers take hours
+        Shard(dataset.train_x, dataset.train_y, config["data"]["batch_size"], 0,
+              config["run"]["workers"], config["run"]["seed"])
         strategy, codec = self._strategy_object(config), self._codec(config)
         check_codec(strategy, codec, config["run"]["workers"])
         if strategy.name == "ddp" and self._step is model_loss_step:
@@ -269,15 +269,18 @@ def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Pat
     return path
 
 
-def _archive_config(path: str | Path) -> dict:
+def _archive_config(path: str | Path, options: dict[str, Any]) -> tuple[dict, dict[str, Any]]:
     """The config a job archive carries (checked: whole, unchanged, this torch, naming no
-    code of anyone's)."""
+    code of anyone's), and the options with model.packed, the archive."""
+    if "model.packed" in options:  # the archive is the model: another would be ignored
+        raise ConfigError(f"model.packed = {options['model.packed']!r}: {path} is a job "
+                          "archive, whose model is its own; leave model.packed out")
     config = pack.read_archive(path, pack.versions()).config
     try:
         pack.check_config(cfg.validate(config))
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
-    return config
+    return config, {**options, "model.packed": str(Path(path).resolve())}
 
 
 def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -32,20 +33,65 @@ class Option:
         if coerced is None:
             raise ConfigError(f"{key} must be of type {self.type.__name__}, "
                               f"got {value!r} ({type(value).__name__})")
-        problem = self.check(coerced) if self.check else None
+        problem = _representable(coerced) or (self.check(coerced) if self.check else None)
         if problem:
             raise ConfigError(f"{key} {problem}, got {value!r}")
         return coerced
+
+    def line(self, key: str) -> str:
+        """`key`'s line in `fastsgd keys`: its type, default and meaning."""
+        default = toml_value(self.default)
+        return f"  {key:<16} {self.type.__name__:<5} {default:<16} {self.doc}".rstrip()
+
+
+INT64 = 2 ** 63  # TOML's integers are 64-bit; torch's seeds and counters are too
+
+
+def _representable(value: Any) -> str | None:
+    """Every number of a config is finite, and every integer fits in 64 bits, also inside a
+    list or table: an inf passes most range checks (inf > 0) and a NaN gets a misleading
+    message, and either fails later, deep inside."""
+    if isinstance(value, (list, tuple, dict)):
+        items = value.values() if isinstance(value, dict) else value
+        bad = any(_representable(v) for v in items)
+        return "must hold only finite numbers and integers of 64 bits" if bad else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
+        return "must be an integer from -2**63 to 2**63 - 1"
+    return None
 
 
 def _coerce(kind: type, value: Any) -> Any:
     if kind is bool:
         return value if isinstance(value, bool) else None
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond any float: as TOML's 1e400, inf
+            return math.inf
     if kind in (int, float) and isinstance(value, bool):
         return None
     return value if isinstance(value, kind) else None
+
+
+def toml_value(v: Any) -> str:
+    """`v` written as a TOML value (a config's scalars, flat lists and inline tables)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'
+
+
+def _toml_key(key: Any) -> str:
+    text = str(key)
+    return text if text.replace("_", "").replace("-", "").isalnum() else toml_value(text)
 
 
 def at_least(low: float) -> Check:
@@ -119,6 +165,22 @@ class Registry:
     def build(self, values: dict[str, Any]) -> Any:
         checked = self.validate(values)
         return self.get(checked.pop("name"))(**checked)
+
+
+def describe(schema: dict[str, dict[str, Option]], registries: dict[str, Registry]) -> str:
+    """Every section and key of `schema` (`fastsgd keys`), and in a section that a registry
+    configures, each component's options."""
+    lines = []
+    for section, options in schema.items():
+        lines.append(f"[{section}]")
+        lines += [o.line(k) for k, o in options.items()]
+        registry = registries.get(section, ())
+        for name in registry:
+            own = registry.get(name).OPTIONS
+            lines.append(f"  name = \"{name}\"" + ("" if own else ": no options"))
+            lines += ["  " + o.line(k) for k, o in own.items()]
+        lines.append("")
+    return "\n".join(lines)
 
 
 class Configurable:

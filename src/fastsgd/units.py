@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from fastsgd.errors import ConfigError
@@ -11,6 +12,10 @@ _BANDWIDTH_UNITS = {  # bytes per second
     "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
 }
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+# The simulator counts integer nanoseconds: a time beyond ~31 years (or a message's time on
+# a link slower than 1 bit/s) would overflow its conversion, and '1e400s' reads as inf.
+MAX_SECONDS = 1e9
+MIN_BANDWIDTH = 1 / 8  # bytes/s
 
 
 def parse_bandwidth(value: str | float, key: str = "network.bandwidth") -> float:
@@ -21,6 +26,8 @@ def parse_bandwidth(value: str | float, key: str = "network.bandwidth") -> float
         bps = _parse(str(value), _BANDWIDTH_UNITS, key, "e.g. 100Mbit, 10Gbit or 1GB")
     if bps <= 0:
         raise ConfigError(f"{key} must be > 0, got {value!r}")
+    if not MIN_BANDWIDTH <= bps < math.inf:  # NaN too
+        raise ConfigError(f"{key} must be a finite bandwidth of at least 1bit, got {value!r}")
     return bps
 
 
@@ -32,6 +39,8 @@ def parse_seconds(value: str | float, key: str = "network.latency") -> float:
         seconds = _parse(str(value), _TIME_UNITS, key, "e.g. 20ms, 50us or 0.1s")
     if seconds < 0:
         raise ConfigError(f"{key} must be >= 0, got {value!r}")
+    if not seconds <= MAX_SECONDS:  # NaN and inf too
+        raise ConfigError(f"{key} must be a finite time of at most 1e9s (31 years), got {value!r}")
     return seconds
 
 
@@ -58,13 +67,15 @@ def format_ns(ns: int) -> str:
 
 
 def time_check(value: str) -> str | None:
-    """An Option check: '' or a time >= 0."""
-    return _check(parse_seconds, value, "must be a time >= 0 such as 20ms, 50us or 0.1s")
+    """An Option check: '' or a time >= 0 (and at most MAX_SECONDS)."""
+    return _check(parse_seconds, value, "must be a time >= 0 such as 20ms, 50us or 0.1s "
+                  "(at most 1e9s)")
 
 
 def bandwidth_check(value: str) -> str | None:
-    """An Option check: '' or a bandwidth > 0."""
-    return _check(parse_bandwidth, value, "must be a bandwidth > 0 such as 100Mbit or 1GB")
+    """An Option check: '' or a bandwidth > 0 (at least 1 bit/s, finite)."""
+    return _check(parse_bandwidth, value, "must be a bandwidth > 0 such as 100Mbit or 1GB "
+                  "(at least 1bit)")
 
 
 def _check(parse, value: str, problem: str) -> str | None:

@@ -32,6 +32,15 @@ CASES = [
     (['network.bandwidths={1 = "fast"}'], "network.bandwidths must map worker ranks"),
     (["compute.straggler_prob=1.5"], "compute.straggler_prob must be in [0, 1)"),
     (["compute.trace=/no/such/trace.csv"], "compute.trace: cannot read /no/such/trace.csv"),
+    # times and rates that overflow to inf, or past the nanosecond clock
+    (["network.latency=1e400s"], "network.latency must be a time"),
+    (["network.rto=2e9s"], "network.rto must be a time"),
+    (["compute.model=fixed", "compute.step_time=1e400s"], "compute.step_time must be a time"),
+    (["network.bandwidth=1e400Gbit"], "network.bandwidth must be a bandwidth"),
+    (["network.bandwidth=1e-300bit"], "network.bandwidth must be a bandwidth"),
+    (['faults.crash=[{worker = 1, at = "1e400s"}]'], "faults.crash[0].at must be a finite time"),
+    (['faults.down=[{worker = 1, from = "1s", to = "1e400s"}]'],
+     "faults.down[0].to must be a finite time"),
 ]
 TRACES = [
     ("rank,begin\n0,0s\n", "the first line must be the header"),
@@ -41,6 +50,10 @@ TRACES = [
     (HEADER + "# a comment\n0,0s,5s,1,\n0,2s,,1,\n", "line 4: worker 0's windows must be"),
     (HEADER + "0,0s,,1,\n1,0s,,1,\n2,0s,,1,\n", "names 3 workers but the run has 4"),
     (HEADER + "0,0s,,1,1Tbit/s/s\n", "line 2, bandwidth"),
+    (HEADER + "0,1e400s,,1,\n", "line 2, start must be a finite time"),
+    (HEADER + "0,0s,,nan,\n", "line 2: rank must be >= 0 and speed a finite number > 0"),
+    (HEADER + "0,0s,,inf,\n", "line 2: rank must be >= 0 and speed a finite number > 0"),
+    (HEADER + "0,0s,,1,1e400Gbit\n", "line 2, bandwidth"),
 ]
 
 

@@ -34,8 +34,10 @@ from typing import Any
 
 from fastsgd import config as cfg
 from fastsgd.errors import ConfigError
+from fastsgd.options import Option, one_of, validate_section
 
 MODES = ("simulate", "run", "hosts")
+BENCH = {"mode": Option(str, "simulate", one_of(MODES), "how every cell runs")}  # [bench]
 
 
 @dataclass(frozen=True)
@@ -75,14 +77,16 @@ def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any
     for section in ("bench", "base", "axes"):
         if not isinstance(spec.get(section, {}), dict):
             raise ConfigError(f"{path}: [{section}] must be a table of key = value")
-    mode = spec.get("bench", {}).get("mode", "simulate")
-    if mode not in MODES:
-        raise ConfigError(f"bench.mode = {mode!r}: use 'simulate', 'run' or 'hosts'")
+    try:
+        mode = validate_section("bench", spec.get("bench", {}), BENCH)["mode"]
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    base = cfg.tables(spec.get("base", {}), f"{path} [base]")  # before an axis merges into it
     axes = spec.get("axes", {})
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"axes.{key}: give a non-empty list of values, e.g. [1, 2]")
-    return mode, spec.get("base", {}), axes
+    return mode, base, axes
 
 
 def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[Cell]:
@@ -109,7 +113,8 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
                     raise ConfigError(f"axes.{key}: no such key {section}.{name} "
                                       "(fastsgd keys lists them)")
             raw.setdefault(section, {}).update(table)
-        try:
+        try:  # a topology that does not fit the workers fails that cell alone, when it runs
+            # (experiments/scaling.toml's torus at 1 worker, report/table.py's base)
             config = cfg.validate(raw)
             if cell_mode == "hosts":  # imported here: `python -m fastsgd.bench.hosts` runs it
                 from fastsgd.bench.hosts import check_config

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,8 +105,8 @@ def _row(path: str, n: int, line: str) -> tuple[int, Window]:
     except ValueError:
         raise ConfigError(f"{where}: rank must be an integer and speed a number, "
                           f"got {rank_text!r}, {speed!r}") from None
-    if rank < 0 or speed_value <= 0:
-        raise ConfigError(f"{where}: rank must be >= 0 and speed > 0")
+    if rank < 0 or not 0 < speed_value < math.inf:  # float() reads nan and inf too
+        raise ConfigError(f"{where}: rank must be >= 0 and speed a finite number > 0")
     begin = round(parse_seconds(start, where + ", start") * 1e9)
     finish = round(parse_seconds(end, where + ", end") * 1e9) if end else FOREVER
     if finish <= begin:
