@@ -69,9 +69,9 @@ import torch.nn.functional as F
 
 import fastsgd as fs
 from fastsgd.components import optimizer_from_config
-from fastsgd.config import parse_override
 from fastsgd.data import Dataset, Shard, load_dataset
 from fastsgd.models import build_model
+from fastsgd.toml_files import parse_override
 from fastsgd.transport.sim.lanes import cores
 
 BATCH, LR, MOMENTUM = 32, 0.05, 0.9

@@ -1,5 +1,6 @@
 """Bad input ends in one clear line naming the culprit, a non-zero exit, no traceback."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -259,3 +260,14 @@ def test_a_folder_as_config_is_one_line(tmp_path):
     done = fastsgd("simulate", str(tmp_path), "--set", "run.steps=1", cwd=tmp_path)
     assert done.returncode == 2
     _one_line(done.stderr, f"cannot read config file {tmp_path}: Is a directory")
+
+
+def test_a_reader_that_leaves_early_is_no_traceback():
+    # `fastsgd keys | head -3`: head may close the pipe before the last write; here it is
+    # closed before the first
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run([sys.executable, "-m", "fastsgd", "keys"], stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(write)
+    assert (done.returncode, done.stderr) == (128 + signal.SIGPIPE, "")

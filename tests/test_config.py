@@ -1,6 +1,7 @@
 import pytest
 
 from fastsgd import config as cfg
+from fastsgd import toml_files
 from fastsgd.errors import ConfigError
 
 
@@ -69,7 +70,7 @@ def test_a_config_that_is_no_text_file_names_the_file(tmp_path, content):
 def test_an_unreadable_config_names_the_file(tmp_path, monkeypatch):
     def denied(path, mode):
         raise PermissionError(13, "Permission denied", str(path))
-    monkeypatch.setattr(cfg, "open", denied, raising=False)  # as root, chmod would not do
+    monkeypatch.setattr(toml_files, "open", denied, raising=False)  # as root, chmod would not do
     with pytest.raises(ConfigError, match=f"cannot read config file {tmp_path}.*denied"):
         cfg.load(tmp_path / "c.toml")
 

@@ -4,6 +4,7 @@ end in one line, exit code 2."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -222,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         # `python -m` then ends by SIGINT whatever it returns; a string exec clears the mark
         exec("")
         return 130
+    except BrokenPipeError:  # the reader left (fastsgd keys | head): no traceback, as `cat`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit's flush
+        return 128 + signal.SIGPIPE
 
 
 def _dispatch(args: argparse.Namespace) -> int:

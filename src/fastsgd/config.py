@@ -23,12 +23,8 @@ from fastsgd.options import (
     toml_value,
     validate_section,
 )
+from fastsgd.toml_files import parse_overrides, read_toml
 from fastsgd.units import bandwidth_check, time_check
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 WEEK = 7 * 24 * 3600  # run.timeout's bound: socket timeouts overflow beyond ~9e9 s
 SEEDS = between(0, 2 ** 63 - 1)  # torch.manual_seed takes 64 bits; data.py adds the epoch
@@ -188,31 +184,6 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
     return validate(with_options(raw, parse_overrides(overrides), str(path or "")))
 
 
-def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """`--set` items as {"section.key": value}."""
-    out = {}
-    for item in items:
-        key, value = parse_override(item)
-        if not key.partition(".")[2]:
-            raise ConfigError(f"--set {item}: the key must be section.name, e.g. run.workers")
-        out[key] = value
-    return out
-
-
-def read_toml(path: Path) -> dict:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except OSError as e:  # a folder, no permission
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not UTF-8 text (TOML)") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"malformed TOML in {path}: {e}") from None
-
-
 def tables(raw: dict, source: str = "") -> dict:
     """A copy of `raw` whose sections are fresh dicts, before options are set in them: a
     section that is unknown or not a table (`run = 5`, `[[run]]`) is an error naming it
@@ -258,19 +229,6 @@ def _switched(section: str, values: dict, name: Any) -> dict:
     registry = STRATEGIES if section == "strategy" else CODECS
     known = getattr(registry.get(name), "OPTIONS", {})
     return {k: v for k, v in values.items() if k == "name" or k in known}
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """`a.b=1` -> ('a.b', 1). The value is read as TOML, else taken as a plain string."""
-    key, sep, text = item.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"--set {item}: expected KEY=VALUE in one word, e.g. "
-                          f"--set {key.strip() or 'run.workers'}=4")
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text
-    return key.strip(), value
 
 
 def validate(raw: dict) -> dict:
