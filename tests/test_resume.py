@@ -45,6 +45,15 @@ def test_a_resume_with_another_model_or_optimizer_is_one_line(run, key, value, m
     assert (run / "config.toml").read_text() == config  # a plain --resume still works
 
 
+def test_a_resume_takes_the_optimizer_settings_it_is_given(run):
+    # lr 1e-30 from step 4 on: momentum SGD moves next to nothing, where the checkpoint's
+    # lr (0.05) would move every weight
+    before = torch.load(run / "model.pt", weights_only=True)
+    fs.Job(resume=run, quiet=True, options={"run.steps": 6, "optimizer.lr": 1e-30}).simulate()
+    after = torch.load(run / "model.pt", weights_only=True)
+    assert max(float((after[k] - before[k]).abs().max()) for k in before) < 1e-20
+
+
 # Only real processes lack the simulator's clock: the run's checkpoints hold its own.
 @pytest.mark.multiproc
 def test_a_simulated_run_does_not_resume_on_real_processes(run):

@@ -16,6 +16,8 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from fastsgd.checkpoint import (
     commit,
     gather_digests,
@@ -103,6 +105,7 @@ def load_states(loop: Loop, saved: dict[str, Any], path: Path) -> None:
             raise UserError(f"{path} was written by another {key}: {key}.name = "
                             f"'{then[key][0]}', not '{name}'; resume with that {key}.name, "
                             "or start a new run")
+    settings = _settings(loop.optimizer)
     for key, target in (("model", loop.model), ("optimizer", loop.optimizer),
                         ("replica", loop.replica)):
         section = "strategy" if key == "replica" else key
@@ -113,6 +116,19 @@ def load_states(loop: Loop, saved: dict[str, Any], path: Path) -> None:
             raise UserError(f"{path} was written by another {section}: it does not fit "
                             f"{section}.name = '{config[section]['name']}'; resume with the "
                             f"{section}.name it was written with, or start a new run") from None
+    for group, own in zip(loop.optimizer.param_groups, settings, strict=True):
+        params = group["params"]
+        group.clear()
+        group.update(own, params=params)
+
+
+def _settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each group's settings (lr, momentum, ... and a strategy's adjustment of them,
+    staleness.py) as this run's config made them: torch's load_state_dict brings back the
+    saved ones, and `--resume --set optimizer.lr=...` would be silently ignored. The saved
+    state (momentum buffers, Adam's moments, step counts) is the checkpoint's."""
+    return [{k: v for k, v in group.items() if k != "params"}
+            for group in optimizer.param_groups]
 
 
 def loop_state(loop: Loop, began: float) -> dict[str, Any]:
