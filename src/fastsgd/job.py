@@ -31,7 +31,7 @@ from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.plan import EvalFn, Plan, StepFn, evaluate_classifier
 from fastsgd.processes import door_of, expendable, rejoin_steps, train_process
 from fastsgd.results import Result, result_of
-from fastsgd.rundir import agree, claim, default_out, dropped_if_empty
+from fastsgd.rundir import agree, claim, default_out, dropped_if_empty, make_run_folder
 from fastsgd.simulation import check_compute, simulate_plan
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
@@ -223,7 +223,7 @@ class Job:
                              self.resume and not self._fresh_if_none))
         if transport is not None and transport.world_size > 1:
             name = agree(name, transport)
-            Path(name).mkdir(parents=True, exist_ok=True)  # each node writes its own files
+            make_run_folder(Path(name), out or name, exist_ok=True)  # each node its own files
         return Path(name)
 
     def _dataset(self, config: dict) -> Dataset:

@@ -51,10 +51,10 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
             raise UserError(f"cannot resume {path}: no such run directory")
         return path
     if reuse and resume:
-        _mkdir(path, out, exist_ok=True)
+        make_run_folder(path, out, exist_ok=True)
         return path
     if reuse:
-        _mkdir(path, out, exist_ok=True)
+        make_run_folder(path, out, exist_ok=True)
         for name in RUN_FILES:
             (path / name).unlink(missing_ok=True)
         shutil.rmtree(path / "checkpoints", ignore_errors=True)
@@ -66,7 +66,7 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
     for k in count(1):
         candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")
         try:
-            _mkdir(candidate, out)  # atomic: two runs never claim the same folder
+            make_run_folder(candidate, out)  # atomic: two runs never claim the same folder
             return candidate
         except FileExistsError:  # a folder (or a file) of that name: the next name
             if candidate.is_dir() and not holds_run(candidate):
@@ -74,7 +74,7 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
     raise AssertionError("unreachable")
 
 
-def _mkdir(path: Path, out: str, exist_ok: bool = False) -> None:
+def make_run_folder(path: Path, out: str, exist_ok: bool = False) -> None:
     """Make the run folder `path`, or one line naming run.out and why not (FileExistsError
     as mkdir raises it, unless `exist_ok`)."""
     try:
