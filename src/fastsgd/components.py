@@ -165,7 +165,8 @@ def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
     update took 0.46 ms instead of 0.66), which a simulator stepping hundreds of workers
     pays on every one."""
     if is_import_path(section["name"]):
-        make = functools.partial(_imported_optimizer, section)
+        make = functools.partial(_imported_optimizer, section,
+                                 resolve(section["name"], "optimizer.name"))
         make([torch.nn.Parameter(torch.zeros(1))])  # a bad option fails now, in one line
         return make
     lr, wd = section["lr"], section["weight_decay"]
@@ -178,11 +179,11 @@ def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
                                           nesterov=nesterov, foreach=True)
 
 
-def _imported_optimizer(section: dict[str, Any],
+def _imported_optimizer(section: dict[str, Any], make: Callable[..., Any],
                         params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The optimizer an import path names, given the section's other keys as options."""
+    """The optimizer `make` (what optimizer.name's import path names), given the section's
+    other keys as options."""
     name = section["name"]
-    make = resolve(name, "optimizer.name")
     if isinstance(make, type) and not issubclass(make, torch.optim.Optimizer):
         raise ConfigError(f"optimizer.name = '{name}' names a class that is not a "
                           f"torch.optim.Optimizer; it must name {WANTED['optimizer.name'][0]}")
