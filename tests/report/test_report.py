@@ -88,7 +88,15 @@ def test_what_is_not_a_run_is_one_line(tmp_path, capsys, make, says):
 @pytest.mark.parametrize("name, damage, says", [
     ("summary.json", lambda text: "{}", "not a fastsgd run summary (no strategy, compressor"),
     ("summary.json", lambda text: "[1, 2]", "a damaged file (a JSON list, not an object)"),
-    ("metrics.jsonl", lambda text: text[:-30], "a damaged file (Unterminated string"),
+    ("metrics.jsonl", lambda text: text[:-30], "line 120 is damaged (Unterminated string"),
+    ("metrics.jsonl", lambda text: text + "\n[1]\n", "line 122 is not a fastsgd record (a JSON "
+     "list, not an object)"),
+    ("metrics.jsonl", lambda text: '{"step": 1, "forward": true}\n' + text,
+     "line 1 is not a fastsgd record (no number for bytes_sent, io, h2d, forward, backward"),
+    ("eval.jsonl", lambda text: text.replace('"accuracy": ', '"accuracy": "', 1),
+     "line 1 is damaged ("),
+    ("eval.jsonl", lambda text: text.replace('"accuracy"', '"acc"', 1),
+     "line 1 is not a fastsgd record (no number for accuracy)"),
 ])
 def test_a_damaged_file_is_named_in_one_line(bench, tmp_path, capsys, name, damage, says):
     run = shutil.copytree(bench / "two", tmp_path / "run")

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastsgd.config import read_toml
 from fastsgd.errors import UserError
-from fastsgd.metrics import read_jsonl
+from fastsgd.metrics import PHASES
 
 NEEDED = ("summary.json", "metrics.jsonl", "eval.jsonl")
 # what the report reads of summary.json (wall_to_target, target_accuracy: runs before
@@ -22,6 +22,9 @@ SUMMARY = ("strategy", "compressor", "workers", "steps", "epochs", "final_accura
            "bytes_sent_total", "consensus_distance")
 LABELS = "labels.json"  # {folder name: label}, beside a bench's cell folders
 DEPTH = 3  # how far below a bench directory run directories are looked for
+# what the tables and plots read of each line of metrics.jsonl and eval.jsonl
+RECORDS = {"metrics.jsonl": ("step", "bytes_sent", *PHASES),
+           "eval.jsonl": ("step", "time", "accuracy")}
 
 
 @dataclass
@@ -92,7 +95,7 @@ def load_run(path: str | Path) -> RunData:
     if absent:
         raise UserError(f"{path / 'summary.json'}: not a fastsgd run summary (no "
                         f"{', '.join(absent)})")
-    metrics, evals = (_read(path / name, read_jsonl) for name in ("metrics.jsonl", "eval.jsonl"))
+    metrics, evals = (_records(path / name) for name in RECORDS)
     environment = _read(path / "environment.json", _json)
     label = _read(path.parent / LABELS, _json).get(path.name, "")
     if not metrics:
@@ -106,6 +109,32 @@ def _read(path: Path, read: Callable[[Path], Any]) -> Any:
         return read(path)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: a damaged file ({e})") from None
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The lines of a JSON Lines file of the run directory, each an object with the numbers
+    the report reads (RECORDS), or one line naming the file and the first line that is not."""
+    records = []
+    for number, line in enumerate(_read(path, lambda p: p.read_text().splitlines()), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {number} is damaged ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{path}: line {number} is not a fastsgd record (a JSON "
+                            f"{type(record).__name__}, not an object)")
+        absent = [key for key in RECORDS[path.name] if not _number(record.get(key))]
+        if absent:
+            raise UserError(f"{path}: line {number} is not a fastsgd record (no number for "
+                            f"{', '.join(absent)})")
+        records.append(record)
+    return records
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _json(path: Path) -> dict[str, Any]:
