@@ -253,3 +253,21 @@ def test_a_model_factory_that_makes_no_model_is_one_line(tmp_path, value, messag
     with pytest.raises(ConfigError) as err:
         job.simulate()
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def _makes_a_number() -> int:
+    return 5
+
+
+@pytest.mark.parametrize("model, message", [
+    (torch.nn.Linear, "the model argument torch.nn:Linear: Linear.__init__() missing 2 "
+                      "required positional arguments"),
+    (_makes_a_number, "the model argument tests.test_components:_makes_a_number made an int, "
+                      "not a torch.nn.Module"),
+    (torch.nn.ReLU, "the model argument torch.nn:ReLU made a ReLU without parameters"),
+])
+def test_a_model_argument_that_makes_no_model_is_one_line(tmp_path, model, message):
+    job = fs.Job(model=model, options={**SMALL, "run.out": str(tmp_path / "run")}, quiet=True)
+    with pytest.raises(ConfigError) as err:
+        job.simulate()
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)

@@ -120,29 +120,30 @@ def function_from_config(key: str, value: str) -> Callable[..., Any]:
 
 
 def model_factory(value: str) -> Callable[[], torch.nn.Module] | None:
-    """[model] name as a zero-argument factory; None for a built-in model's name. It is
-    wrapped, to say in one line where it does not make a model, unless it is a framework's
-    model (JAX's: Job looks at its attributes), which checks itself."""
+    """[model] name as a zero-argument factory; None for a built-in model's name."""
     if not is_import_path(value):
         return None
-    factory = resolve(value, "model.name")
+    return _checked_factory(resolve(value, "model.name"), f"model.name = '{value}'", "name")
+
+
+def _checked_factory(factory: Callable[[], Any], named: str,
+                     verb: str) -> Callable[[], torch.nn.Module]:
+    """`factory`, wrapped to say in one line where it does not make a model, unless it is a
+    framework's model (JAX's: Job looks at its attributes), which checks itself."""
     if hasattr(factory, "check_data"):
         return factory
-    return functools.partial(_made_model, factory, value)  # picklable, unlike a closure
+    return functools.partial(_made_model, factory, named, verb)  # picklable, unlike a closure
 
 
-def _made_model(factory: Callable[[], Any], value: str) -> torch.nn.Module:
+def _made_model(factory: Callable[[], Any], named: str, verb: str) -> torch.nn.Module:
     try:
         model = factory()
     except TypeError as e:  # it wants arguments
-        raise ConfigError(f"model.name = '{value}': {e}; it must name "
-                          f"{WANTED['model.name'][0]}") from None
+        raise ConfigError(f"{named}: {e}; it must {verb} {WANTED['model.name'][0]}") from None
     if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"model.name = '{value}' made {described(model)}, not a "
-                          "torch.nn.Module")
+        raise ConfigError(f"{named} made {described(model)}, not a torch.nn.Module")
     if not any(p.requires_grad for p in model.parameters()):
-        raise ConfigError(f"model.name = '{value}' made a {type(model).__name__} without "
-                          "parameters to train")
+        raise ConfigError(f"{named} made a {type(model).__name__} without parameters to train")
     return model
 
 
@@ -155,7 +156,7 @@ def model_argument(model: Any) -> Callable[[], torch.nn.Module] | None:
     if not callable(model):
         raise UserError(f"model must be a name, an nn.Module class or a zero-argument "
                         f"function returning one, or an nn.Module; got {type(model).__name__}")
-    return model
+    return _checked_factory(model, f"the model argument {import_path(model)}", "be")
 
 
 def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:

@@ -88,7 +88,8 @@ def described(obj: Any) -> str:
         return "a module"
     if isinstance(obj, type):
         return "a class"
-    return "a function" if callable(obj) else f"a {type(obj).__name__}"
+    name = type(obj).__name__
+    return "a function" if callable(obj) else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def not_rebuildable(value: str) -> str | None:
