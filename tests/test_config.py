@@ -93,6 +93,9 @@ def test_a_section_that_is_not_a_table_names_it(tmp_path, text):
     ("compute.sigma=1e200", "compute.sigma must be in [0, 10]"),
     ("compute.straggler_factor=inf", "compute.straggler_factor must be a finite number"),
     ("compute.slowdown=[1, inf]", "compute.slowdown must hold only finite numbers"),
+    # a phase's time times these must stay finite for the simulator's integer clock
+    ("compute.slowdown=[1, 1e300]", "compute.slowdown must be a list of numbers from 1 to 1e+06"),
+    ("compute.straggler_factor=1e300", "compute.straggler_factor must be in [1, 1000000.0]"),
     ('faults.crash=[{worker = 1, at = nan}]', "faults.crash must hold only finite numbers"),
     ("run.timeout=inf", "run.timeout must be a finite number"),
     ("run.timeout=1e12", "run.timeout must be > 0 and at most a week"),

@@ -24,15 +24,17 @@ from fastsgd.options import (
     validate_section,
 )
 from fastsgd.toml_files import parse_overrides, read_toml
-from fastsgd.units import bandwidth_check, time_check
+from fastsgd.units import MAX_FACTOR, bandwidth_check, time_check
 
 WEEK = 7 * 24 * 3600  # run.timeout's bound: socket timeouts overflow beyond ~9e9 s
 SEEDS = between(0, 2 ** 63 - 1)  # torch.manual_seed takes 64 bits; data.py adds the epoch
 
 
 def _slowdowns(values: list) -> str | None:
-    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1 for v in values)
-    return None if ok else "must be a list of numbers >= 1 (one factor per worker rank)"
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and 1 <= v <= MAX_FACTOR
+             for v in values)
+    return None if ok else (f"must be a list of numbers from 1 to {MAX_FACTOR:g} (one factor "
+                            "per worker rank)")
 
 
 def _timeout(v: float) -> str | None:
@@ -141,7 +143,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
                                    "into one's own, e.g. 10GB (profile measures it)"),
         "slowdown": Option(list, [], _slowdowns, "per-worker compute factors, e.g. [1, 1, 1, 3]"),
         "straggler_prob": Option(float, 0.0, _below_one, "chance a worker's step is slow"),
-        "straggler_factor": Option(float, 4.0, at_least(1), "how much slower that step is"),
+        "straggler_factor": Option(float, 4.0, between(1, MAX_FACTOR),
+                                   "how much slower that step is"),
         "sigma": Option(float, 0.0, between(0, 10), "log-normal noise on every step's compute "
                         "(0 to 10)"),
         "trace": Option(str, "", doc="CSV: each worker's windows, speed, bandwidth"),

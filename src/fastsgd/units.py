@@ -16,6 +16,9 @@ _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # a link slower than 1 bit/s) would overflow its conversion, and '1e400s' reads as inf.
 MAX_SECONDS = 1e9
 MIN_BANDWIDTH = 1 / 8  # bytes/s
+# the most a compute factor (compute.slowdown, compute.straggler_factor, a trace's speed
+# either way) may change a step's time: their product with the longest time stays finite
+MAX_FACTOR = 1e6
 
 
 def parse_bandwidth(value: str | float, key: str = "network.bandwidth") -> float:

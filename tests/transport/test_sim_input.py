@@ -51,9 +51,10 @@ TRACES = [
     (HEADER + "0,0s,,1,\n1,0s,,1,\n2,0s,,1,\n", "names 3 workers but the run has 4"),
     (HEADER + "0,0s,,1,1Tbit/s/s\n", "line 2, bandwidth"),
     (HEADER + "0,1e400s,,1,\n", "line 2, start must be a finite time"),
-    (HEADER + "0,0s,,nan,\n", "line 2: rank must be >= 0 and speed a finite number > 0"),
-    (HEADER + "0,0s,,inf,\n", "line 2: rank must be >= 0 and speed a finite number > 0"),
+    (HEADER + "0,0s,,nan,\n", "line 2: rank must be >= 0 and speed a number from 1e-06 to 1e+06"),
+    (HEADER + "0,0s,,inf,\n", "line 2: rank must be >= 0 and speed a number from 1e-06 to 1e+06"),
     (HEADER + "0,0s,,1,1e400Gbit\n", "line 2, bandwidth"),
+    (HEADER + "0,0s,,1e-300,\n", "line 2: rank must be >= 0 and speed a number from 1e-06"),
 ]
 
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import bisect
 import csv
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from fastsgd.errors import ConfigError, UserError
-from fastsgd.units import parse_bandwidth, parse_seconds
+from fastsgd.units import MAX_FACTOR, parse_bandwidth, parse_seconds
 
 COLUMNS = ["rank", "start", "end", "speed", "bandwidth"]
 FOREVER = 2 ** 62
@@ -105,8 +104,9 @@ def _row(path: str, n: int, line: str) -> tuple[int, Window]:
     except ValueError:
         raise ConfigError(f"{where}: rank must be an integer and speed a number, "
                           f"got {rank_text!r}, {speed!r}") from None
-    if rank < 0 or not 0 < speed_value < math.inf:  # float() reads nan and inf too
-        raise ConfigError(f"{where}: rank must be >= 0 and speed a finite number > 0")
+    if rank < 0 or not 1 / MAX_FACTOR <= speed_value <= MAX_FACTOR:  # NaN and inf too
+        raise ConfigError(f"{where}: rank must be >= 0 and speed a number from "
+                          f"{1 / MAX_FACTOR:g} to {MAX_FACTOR:g}")
     begin = round(parse_seconds(start, where + ", start") * 1e9)
     finish = round(parse_seconds(end, where + ", end") * 1e9) if end else FOREVER
     if finish <= begin:
