@@ -84,6 +84,13 @@ def test_torus_errors(n, kw, words):
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
+# A lone worker (the base of a bench's scaling curve) is plain SGD on any topology.
+@pytest.mark.parametrize("name", [n for n in TOPOLOGIES if n != "custom"])
+def test_a_lone_worker_has_no_neighbours_on_any_topology(name):
+    t = build_topology(name, 1)
+    assert nbrs(t) == [set()] and t.weights(0, 0) == [(0, 1.0)]
+
+
 def test_star_hypercube_exponential():
     assert nbrs(build_topology("star", 4)) == [{1, 2, 3}, {0}, {0}, {0}]
     assert nbrs(build_topology("hypercube", 8))[5] == {4, 7, 1}

@@ -53,6 +53,8 @@ def connected(g: Graph) -> bool:
 def torus_shape(n: int, rows: int, cols: int, keys: Keys) -> tuple[int, int]:
     """rows x cols for the 2D torus (Viviani et al. 2019); infer the most square grid if unset."""
     both = f"{keys('rows')} x {keys('cols')}"
+    if n == 1 and not (rows or cols):  # a lone worker, as every topology allows: no neighbours
+        return 1, 1
     if rows and cols and rows * cols != n:
         raise UserError(f"torus: {both} = {rows} x {cols} = {rows * cols}, but there are "
                         f"{n} workers")
@@ -72,7 +74,7 @@ def torus_shape(n: int, rows: int, cols: int, keys: Keys) -> tuple[int, int]:
                             f"or {said(keys('topology'), 'ring')}")
         rows = fits(n)[-1]
         cols = n // rows
-    if min(rows, cols) < 2:
+    if min(rows, cols) < 2 and n > 1:
         raise UserError(f"torus: {both} = {rows} x {cols} needs both sides >= 2; use "
                         f"{said(keys('topology'), 'ring')} for a single row")
     return rows, cols
