@@ -49,7 +49,8 @@ def test_the_matrix_is_the_product_of_the_axes_with_stable_ids(tmp_path):
 def test_a_section_axis_varies_keys_together(tmp_path):
     text = SPEC.replace('"strategy.name" = ["allreduce", "dpsgd"]',
                         'strategy = [{name = "dpsgd", topology = "torus"}, '
-                        '{name = "sgp", topology = "onepeer"}]')
+                        '{name = "sgp", topology = "onepeer"}]').replace(
+                            "run.workers = 2", "run.workers = 4")
     matrix = cells(*load_spec(_spec(tmp_path, text)))
     assert [(c.config["strategy"]["name"], c.config["strategy"]["topology"]) for c in matrix] == [
         ("dpsgd", "torus")] * 3 + [("sgp", "onepeer")] * 3
@@ -70,6 +71,11 @@ def test_mlperf_drops_the_fastest_and_the_slowest():
     ('"run.workers" = []\n', "axes.run.workers: give a non-empty list"),
     ('"run.workers" = [0]\n', "the cell strategy.name=allreduce run.seed=1 run.workers=0: "),
     ('"mode" = ["simulated"]\n', "axes.mode: 'simulated' is not 'simulate', 'run' or 'hosts'"),
+    # what a strategy checks of the workers, before any cell runs
+    ('strategy = [{name = "dpsgd", topology = "torus"}]\n"run.workers" = [4, 7]\n',
+     "the cell strategy.name=allreduce run.seed=1 strategy=dpsgd/torus run.workers=7: torus: "
+     "7 workers do not fit"),
+    ('strategy = [{name = "ps", servers = 3}]\n', "strategy.servers = 3 but there are only 2"),
 ])
 def test_a_bad_axis_is_one_line(tmp_path, capsys, extra, says):
     assert main(["bench", str(_spec(tmp_path, SPEC + extra))]) == 2

@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from fastsgd import config as cfg
-from fastsgd.errors import ConfigError
+from fastsgd.errors import ConfigError, UserError
+from fastsgd.objects import is_import_path
 from fastsgd.options import Option, one_of, validate_section
+from fastsgd.strategies import build_strategy
 
 MODES = ("simulate", "run", "hosts")
 BENCH = {"mode": Option(str, "simulate", one_of(MODES), "how every cell runs")}  # [bench]
@@ -113,18 +115,28 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
                     raise ConfigError(f"axes.{key}: no such key {section}.{name} "
                                       "(fastsgd keys lists them)")
             raw.setdefault(section, {}).update(table)
-        try:  # a topology that does not fit the workers fails that cell alone, when it runs
-            # (experiments/scaling.toml's torus at 1 worker, report/table.py's base)
+        try:  # a cell that cannot run is refused before any runs, not hours into the bench
             config = cfg.validate(raw)
+            _check_strategy(config)
             if cell_mode == "hosts":  # imported here: `python -m fastsgd.bench.hosts` runs it
                 from fastsgd.bench.hosts import check_config
                 check_config(config)
-        except ConfigError as e:
+        except UserError as e:
             raise ConfigError(f"the cell {_describe(keys, values)}: {e}") from None
         cell = Cell(cell_mode, config, tuple(zip(keys, values)))
         if all(cell.id != c.id for c in out):  # the same run twice is one cell
             out.append(cell)
     return out
+
+
+def _check_strategy(config: dict[str, Any]) -> None:
+    """What Job checks of a named strategy before it starts: does its topology, or its
+    number of servers, fit the workers?"""
+    if is_import_path(config["strategy"]["name"]):
+        return  # the user's own class: its cell checks it when it runs
+    check = getattr(build_strategy(config["strategy"]), "check", None)
+    if check is not None:
+        check(config["run"]["workers"])
 
 
 def _mode(value: Any) -> str:
