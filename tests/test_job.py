@@ -50,3 +50,29 @@ def test_an_archive_is_its_own_model_packed(tmp_path):
     archive.write_bytes(b"")  # refused before it is read
     with pytest.raises(ConfigError, match="model.packed = 'other.fsj': .*job.fsj is a job"):
         Job(config=archive, options={"model.packed": "other.fsj"})
+
+
+def _fails_on_worker_1(model, batch):
+    import os
+
+    import torch.nn.functional as F
+    if os.environ["RANK"] == "1":
+        raise ValueError("the user's step fails on worker 1")
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("strategy", ["allreduce", "dpsgd"])
+def test_a_worker_whose_step_fails_ends_the_run_at_once(tmp_path, strategy):
+    """Its peer waits for it in the step's collective: the failed worker says no goodbye,
+    which would wait for the peer's (30 s, the messenger's timeout) before it reports."""
+    import time
+
+    from fastsgd.errors import WorkerFailed
+    job = Job(step=_fails_on_worker_1, options={**SMALL, "strategy.name": strategy,
+                                                "run.out": str(tmp_path / "run")}, quiet=True)
+    began = time.monotonic()
+    with pytest.raises(WorkerFailed, match="^worker 1 failed: ValueError: the user's step"):
+        job.run()
+    assert time.monotonic() - began < 20

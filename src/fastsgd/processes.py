@@ -87,6 +87,7 @@ def _joinable_steps(plan: Plan, key: str) -> int:
 def train_process(plan: Plan) -> None:
     run = plan.config["run"]
     transport = TorchTransport(backend_of(plan.config), run["timeout"])
+    failed = True  # a stop (Ctrl-C, run.on_failure = "stop") ends train() as its end does
     try:
         mode = survives(plan)
         if mode == "carry_on":
@@ -96,8 +97,9 @@ def train_process(plan: Plan) -> None:
         if interrupt.joining() is not None:  # the others are ready once started up (worker.py)
             interrupt.set_ready(transport.rank)
         train(plan, transport)
+        failed = False
     finally:
-        transport.close()
+        transport.close(failed)
 
 
 def train_joined(plan: Plan, stop: interrupt.Stop, join: str) -> None:

@@ -32,10 +32,12 @@ def train_under_torchrun(config: dict, make_plan: PlanFn) -> tuple[dict[str, Any
     transport = TorchTransport(backend_of(config), run["timeout"])
     stop = StoreStop(transport.store(), transport.rank, transport.world_size)
     interrupt.share(stop)
+    failed = True
     try:
         plan = make_plan(cfg.merged(config, run={"workers": transport.world_size}), transport)
         with interrupt.catching(stop.on_sigint):
             summary = train(plan, transport)
+        failed = False
         if 0 < stop.stop_at < plan.total_steps(transport.world_size):
             where = "" if transport.rank else (
                 f"every worker stopped after step {stop.stop_at} and wrote a checkpoint; "
@@ -50,5 +52,5 @@ def train_under_torchrun(config: dict, make_plan: PlanFn) -> tuple[dict[str, Any
     finally:
         stop.close()
         interrupt.share(None)
-        transport.close()
+        transport.close(failed)
     return summary, plan

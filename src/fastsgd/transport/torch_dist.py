@@ -242,12 +242,15 @@ class TorchTransport(Messaging, Membership):
     def await_deferred(self) -> None:
         """Nothing is deferred on real processes."""
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Stop the messenger and destroy this transport's group, and the default group if
-        the transport made it (one the user made before `connect()` stays theirs)."""
-        if self._messenger is not None:
+        the transport made it (one the user made before `connect()` stays theirs). `failed`:
+        this worker failed and its process ends; the launcher (or torchrun) stops its peers,
+        so it says no goodbye: that would wait for the peers' goodbyes, up to the messenger's
+        timeout (30 s), while they wait for this worker in a collective."""
+        if self._messenger is not None and not failed:
             self._messenger.close()
-            self._messenger = None
+        self._messenger = None
         group, self._group = self._group, None  # the last reference: destroying frees it
         if not dist.is_initialized():
             return
