@@ -2,6 +2,9 @@
 what cannot be captured, and where."""
 
 import io
+import os
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -107,3 +110,19 @@ def test_a_saved_graph_holds_no_stack_trace_and_no_example_inputs():
         for leak in (b"stack_trace", b"test_export", b"nn_module_stack", b"LeNet5",
                      b"fastsgd", b".py"):
             assert leak not in text, leak
+
+
+
+def test_a_model_that_fails_on_the_batch_prints_nothing_but_the_error(tmp_path):
+    """torch.export logs the failing operation at ERROR level, through handlers that write
+    to the stderr of the process (about 90 lines) above fastsgd's one line."""
+    (tmp_path / "badmodel.py").write_text(
+        "import torch.nn as nn\n\n\ndef make():\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(100, 10))\n")
+    (tmp_path / "job.toml").write_text('[model]\nname = "badmodel:make"\n[data]\nname = "digits"\n')
+    done = subprocess.run([sys.executable, "-m", "fastsgd", "pack", "job.toml"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.startswith("fastsgd: error: model.step cannot be exported")
+    assert done.stderr.count("\n") == 1, done.stderr

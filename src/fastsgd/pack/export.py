@@ -112,8 +112,10 @@ def _export(module: nn.Module, args: tuple, dynamic: tuple,
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """Export's own warnings and its dump of a partial graph would bury the one line that
-    says what failed, and where (logging is process-wide: pack is a command of its own)."""
-    logging.disable(logging.WARNING)
+    says what failed, and where (logging is process-wide: pack is a command of its own).
+    Errors too: export logs the failing operation at ERROR level, through handlers that
+    hold the stderr of before the redirection, and then raises what the one line says."""
+    logging.disable(logging.CRITICAL)
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             yield
