@@ -215,3 +215,72 @@ def test_idx_splits_of_other_image_sizes_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="IDX images in .*mini differ in size: train 6x5, "
                                         "t10k 4x4"):
         load_dataset("idx", path=str(folder))
+
+
+def _handmade(synthetic, **changes):
+    """A Dataset built by hand from the synthetic one (100 train, 20 test samples), with
+    `changes` to its fields."""
+    fields = {"name": "mine", "train_x": synthetic.train_x[:100],
+              "train_y": synthetic.train_y[:100], "test_x": synthetic.test_x[:20],
+              "test_y": synthetic.test_y[:20], "num_classes": 10, **changes}
+    return data.Dataset(**fields)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (lambda d: {"train_y": d.train_y[:90]}, "train_x has 100 samples but train_y has 90"),
+    (lambda d: {"test_y": d.test_y[:5]}, "test_x has 20 samples but test_y has 5"),
+    (lambda d: {"train_x": d.train_x[:100].numpy()},
+     "train_x must be a torch.Tensor of shape (N, C, H, W); got a numpy.ndarray"),
+    (lambda d: {"test_y": d.test_y[:20].tolist()},
+     "test_y must be a torch.Tensor of shape (N,); got a list"),
+    (lambda d: {"train_y": d.train_y[:100, None]},
+     "train_y must be a torch.Tensor of shape (N,); got shape (100, 1)"),
+    (lambda d: {"train_y": d.train_y[:100].float()},
+     "train_y is float32; it must hold integer class labels"),
+    (lambda d: {"test_x": d.test_x[:20, :, :4, :4]},
+     "test_x holds samples of shape (1, 4, 4) but train_x of (1, 8, 8)"),
+    (lambda d: {"train_y": d.train_y[:100] + 10}, "train_y holds labels up to 19 but "
+                                                  "num_classes is 10"),
+    (lambda d: {"test_y": d.test_y[:20] - 1},
+     "test_y holds a negative label (-1); labels go from 0 to num_classes - 1 = 9"),
+    (lambda d: {"test_x": d.test_x[:0], "test_y": d.test_y[:0]},
+     "test_x holds no samples; the test split needs at least one"),
+    (lambda d: {"num_classes": 0}, "num_classes must be a positive int; got 0"),
+])
+def test_a_dataset_made_by_hand_is_checked_in_one_line(synthetic, changes, message) -> None:
+    with pytest.raises(UserError) as info:
+        _handmade(synthetic, **changes(synthetic))
+    assert str(info.value).startswith(f"Dataset 'mine': {message}")
+    assert "\n" not in str(info.value)
+
+
+def test_labels_of_another_integer_dtype_become_int64(synthetic) -> None:
+    made = _handmade(synthetic, train_y=synthetic.train_y[:100].int(),
+                     test_y=synthetic.test_y[:20].to(torch.uint8))
+    assert made.train_y.dtype == made.test_y.dtype == torch.int64
+    assert torch.equal(made.train_y, synthetic.train_y[:100])
+    assert torch.equal(made.test_y, synthetic.test_y[:20])
+    kept = _handmade(synthetic)
+    assert kept.train_y.data_ptr() == synthetic.train_y.data_ptr()  # int64: no copy
+
+
+def test_flat_samples_suit_ones_own_model_but_not_a_built_in_one(synthetic, tmp_path) -> None:
+    import fastsgd as fs
+
+    flat = _handmade(synthetic, train_x=synthetic.train_x[:100].reshape(100, 64),
+                     test_x=synthetic.test_x[:20].reshape(20, 64))
+    options = {"run.steps": 3, "run.workers": 2, "compute.model": "fixed",
+               "compute.step_time": "1ms", "data.batch_size": 8}
+    with pytest.raises(UserError, match=r"^Dataset 'mine': the built-in models take "
+                                        r"floating-point train_x of shape \(N, C, H, W\); "
+                                        r"got float32 \(100, 64\)"):
+        fs.Job(model="mlp", data=flat, quiet=True,
+               options={**options, "run.out": str(tmp_path / "a")}).simulate()
+    pixels = _handmade(synthetic, train_x=synthetic.train_x[:100].to(torch.uint8),
+                       test_x=synthetic.test_x[:20].to(torch.uint8))
+    with pytest.raises(UserError, match=r"models take floating-point train_x .* got uint8"):
+        fs.Job(model="mlp", data=pixels, quiet=True,
+               options={**options, "run.out": str(tmp_path / "c")}).simulate()
+    result = fs.Job(model=lambda: torch.nn.Linear(64, 10), data=flat, quiet=True,
+                    options={**options, "run.out": str(tmp_path / "b")}).simulate()
+    assert result.summary["steps"] == 3

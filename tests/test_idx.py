@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fastsgd.errors import UserError
-from fastsgd.idx import read_idx
+from fastsgd.idx import load_idx_split, read_idx
 
 _CODES = {"u1": 0x08, "i1": 0x09, "i2": 0x0B, "i4": 0x0C, "f4": 0x0D, "f8": 0x0E}
 
@@ -76,3 +76,16 @@ def test_read_idx_bad_magic(tmp_path: Path, content: bytes) -> None:
 def test_read_idx_missing_file(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="nope.idx"):
         read_idx(tmp_path / "nope.idx")
+
+
+@pytest.mark.parametrize("dtype", ["f4", "f8"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_float_images_with_nan_or_inf_are_refused(tmp_path: Path, dtype: str, bad: float) -> None:
+    images = np.zeros((3, 2, 2), dtype)
+    images[1, 0, 1] = bad  # one pixel: normalizing would make every input NaN
+    labels = write_idx(tmp_path / "labels", np.arange(3, dtype="u1"))
+    path = write_idx(tmp_path / "images", images)
+    with pytest.raises(UserError, match=f"^IDX images {path} hold NaN or inf values$"):
+        load_idx_split(path, labels)
+    x, y = load_idx_split(write_idx(tmp_path / "fine", np.ones((3, 2, 2), dtype)), labels)
+    assert x.shape == (3, 1, 2, 2) and y.tolist() == [0, 1, 2]

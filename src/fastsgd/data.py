@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fastsgd.errors import UserError
-from fastsgd.idx import find_idx, idx_names, load_idx_split
+from fastsgd.idx import load_idx_folder
 
 DATASETS = ("digits", "fashion_mnist", "idx", "synthetic")
 SEEDED_DATASETS = ("digits", "synthetic")  # their split or content depends on the seed
@@ -23,7 +23,10 @@ FASHION_MNIST_PATH = "/usr/share/datasets/fashion-mnist"
 
 @dataclass(frozen=True)
 class Dataset:
-    """A normalized image classification dataset: x is float32 (N, C, H, W), y is int64."""
+    """A normalized image classification dataset: x is float32 (N, C, H, W), y is int64.
+    Checked when made (by hand, too): int32 y and the like become int64 (exact); x of
+    another dtype or sample shape suits one's own model only (the default step casts a
+    floating x to the model's dtype)."""
 
     name: str
     train_x: Tensor
@@ -34,11 +37,74 @@ class Dataset:
     # (name, path, seed) when made by load_dataset: how a run's config.toml can rebuild it
     source: tuple[str, str, int] | None = field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            y = _check_split(self, split)
+            if y is not getattr(self, f"{split}_y"):  # frozen: the exact int64 copy goes in
+                object.__setattr__(self, f"{split}_y", y)
+        if self.test_x.shape[1:] != self.train_x.shape[1:]:  # a model takes one shape
+            raise UserError(f"Dataset '{self.name}': test_x holds samples of shape "
+                            f"{tuple(self.test_x.shape[1:])} but train_x of "
+                            f"{tuple(self.train_x.shape[1:])}; both splits need the same")
+        _check_labels(self)
+
     @property
     def input_shape(self) -> tuple[int, int, int]:
-        """Shape (C, H, W) of one input sample."""
+        """Shape (C, H, W) of one input sample (what the built-in models are made for)."""
+        if self.train_x.dim() != 4 or not self.train_x.is_floating_point():
+            raise UserError(f"Dataset '{self.name}': the built-in models take floating-point "
+                            f"train_x of shape (N, C, H, W); got {str(self.train_x.dtype)[6:]} "
+                            f"{tuple(self.train_x.shape)}: convert it, or give a model of "
+                            "your own (model=)")
         c, h, w = self.train_x.shape[1:]
         return int(c), int(h), int(w)
+
+
+def _tensor(data: Dataset, key: str, shape: str) -> Tensor:
+    """Field `key`, if it is a tensor of `shape`'s number of dims (at least, for images)."""
+    value = getattr(data, key)
+    if not isinstance(value, Tensor):
+        kind = type(value)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else \
+            f"{kind.__module__}.{kind.__qualname__}"
+        hint = " (torch.from_numpy turns it into one)" if isinstance(value, np.ndarray) else ""
+        raise UserError(f"Dataset '{data.name}': {key} must be a torch.Tensor of shape "
+                        f"{shape}; got a {name}{hint}")
+    if (value.dim() != 1) if key.endswith("_y") else (value.dim() < 2):
+        raise UserError(f"Dataset '{data.name}': {key} must be a torch.Tensor of shape "
+                        f"{shape}; got shape {tuple(value.shape)}")
+    return value
+
+
+def _check_split(data: Dataset, split: str) -> Tensor:
+    """One split's x and y: tensors of one length, not empty, y integers (x of any dtype:
+    one's own model may take float64 or token ids); the labels y, as int64."""
+    x = _tensor(data, f"{split}_x", "(N, C, H, W)")
+    y = _tensor(data, f"{split}_y", "(N,)")
+    where = f"Dataset '{data.name}': {split}"
+    if len(x) != len(y):
+        raise UserError(f"{where}_x has {len(x)} samples but {split}_y has {len(y)}")
+    if not len(x):
+        raise UserError(f"{where}_x holds no samples; the {split} split needs at least one")
+    if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+        raise UserError(f"{where}_y is {str(y.dtype)[6:]}; it must hold integer class "
+                        f"labels (int64: {split}_y.long())")
+    return y.long()  # int32, uint8...: exact; int64 is y itself
+
+
+def _check_labels(data: Dataset) -> None:
+    """num_classes a positive int and every label in [0, num_classes): one pass over y."""
+    n = data.num_classes
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise UserError(f"Dataset '{data.name}': num_classes must be a positive int; got {n!r}")
+    for split in ("train", "test"):
+        low, high = (int(v) for v in torch.aminmax(getattr(data, f"{split}_y")))
+        if low < 0:
+            raise UserError(f"Dataset '{data.name}': {split}_y holds a negative label "
+                            f"({low}); labels go from 0 to num_classes - 1 = {n - 1}")
+        if high >= n:
+            raise UserError(f"Dataset '{data.name}': {split}_y holds labels up to {high} "
+                            f"but num_classes is {n}")
 
 
 def _make_dataset(name: str, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]) -> Dataset:
@@ -62,21 +128,7 @@ def _make_dataset(name: str, train: tuple[Tensor, Tensor], test: tuple[Tensor, T
 
 def _load_idx_folder(name: str, folder: Path, missing_hint: str | None) -> Dataset:
     """Load train/t10k images and labels from an IDX folder."""
-    splits = []
-    for split in ("train", "t10k"):
-        files = [find_idx(folder, split, kind) for kind in ("images", "labels")]
-        for kind, found in zip(("images", "labels"), files, strict=True):
-            if found is None:
-                if missing_hint is not None:
-                    raise UserError(missing_hint)
-                wanted = idx_names(split, kind)[0]
-                raise UserError(f"IDX file {wanted}[.gz] not found in {folder} (data.path)")
-        splits.append(load_idx_split(files[0], files[1]))
-    train, test = ("x".join(map(str, x.shape[2:])) for x, _ in splits)
-    if train != test:  # a model takes one input shape
-        raise UserError(f"IDX images in {folder} differ in size: train {train}, t10k {test}; "
-                        "both splits need the same")
-    return _make_dataset(name, splits[0], splits[1])
+    return _make_dataset(name, *load_idx_folder(folder, missing_hint))
 
 
 def _load_fashion_mnist(path: str | None) -> Dataset:

@@ -85,8 +85,33 @@ def load_idx_split(images: Path, labels: Path) -> tuple[Tensor, Tensor]:
         raise UserError(f"IDX images {images} must have 3 dims (N, rows, cols), got {x.shape}")
     if y.ndim != 1 or y.dtype.kind not in "iu":
         raise UserError(f"IDX labels {labels} must be a 1-dim integer array, got {y.shape}")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():  # normalizing would make all NaN
+        raise UserError(f"IDX images {images} hold NaN or inf values")
     if len(x) != len(y):
         raise UserError(f"{images} has {len(x)} images but {labels} has {len(y)} labels")
     if len(y) == 0 or y.min() < 0:
         raise UserError(f"IDX labels {labels} are empty or negative")
     return torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y.astype(np.int64))
+
+
+Split = tuple[Tensor, Tensor]
+
+
+def load_idx_folder(folder: Path, missing_hint: str | None) -> tuple[Split, Split]:
+    """The (images, labels) of the train and t10k splits of an IDX folder; `missing_hint`:
+    the message for a missing file (None: one naming it)."""
+    splits = []
+    for split in ("train", "t10k"):
+        files = [find_idx(folder, split, kind) for kind in ("images", "labels")]
+        for kind, found in zip(("images", "labels"), files, strict=True):
+            if found is None:
+                if missing_hint is not None:
+                    raise UserError(missing_hint)
+                wanted = idx_names(split, kind)[0]
+                raise UserError(f"IDX file {wanted}[.gz] not found in {folder} (data.path)")
+        splits.append(load_idx_split(files[0], files[1]))
+    train, test = ("x".join(map(str, x.shape[2:])) for x, _ in splits)
+    if train != test:  # a model takes one input shape
+        raise UserError(f"IDX images in {folder} differ in size: train {train}, t10k {test}; "
+                        "both splits need the same")
+    return splits[0], splits[1]

@@ -2,9 +2,12 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import fastsgd as fs
 from fastsgd.compress import CODECS, build_compressor
 from fastsgd.compress.bits import pack_bits, unpack_bits
+from fastsgd.compress.powersgd import orthonormal
 from fastsgd.compress.quantize import blocks
 from fastsgd.compress.wire import pack, unpack
 from fastsgd.errors import UserError
@@ -211,3 +214,37 @@ def test_powersgd_refuses_point_to_point_messages():
     codec = build_compressor({"name": "powersgd"})
     with pytest.raises(UserError, match="powersgd"):
         codec.compress(gradient())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_powersgd_orthonormalizes_half_precision_factors_in_float32(dtype):
+    p = torch.randn(50, 4, generator=torch.Generator().manual_seed(0)).to(dtype)
+    q = orthonormal(p)  # torch has no QR of its own for these dtypes
+    assert q.dtype == dtype and q.shape == p.shape
+    assert torch.equal(q, torch.linalg.qr(p.float()).Q.to(dtype))
+    assert torch.allclose(q.float().T @ q.float(), torch.eye(4), atol=0.02)
+    exact = p.float()
+    assert torch.equal(orthonormal(exact), torch.linalg.qr(exact).Q)  # float32: as it was
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_powersgd_trains_a_half_precision_model(dtype, tmp_path):
+    def step(model, batch):
+        x, y = batch
+        return F.cross_entropy(model(x.to(dtype)).float(), y)
+
+    @torch.no_grad()
+    def evaluate(model, dataset, device):
+        logits = model(dataset.test_x.to(dtype)).float()
+        accuracy = (logits.argmax(1) == dataset.test_y).float().mean()
+        return float(accuracy), float(F.cross_entropy(logits, dataset.test_y))
+
+    job = fs.Job(model=lambda: torch.nn.Sequential(torch.nn.Flatten(),
+                                                    torch.nn.Linear(64, 10)).to(dtype),
+                 step=step, evaluate=evaluate, data="synthetic", compressor="powersgd",
+                 quiet=True, options={"run.steps": 3, "run.workers": 2, "compute.model": "fixed",
+                                      "compute.step_time": "1ms", "compression.rank": 2,
+                                      "run.out": str(tmp_path)})
+    assert job.simulate().summary["steps"] == 3
+    trained = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all(v.dtype == dtype and bool(torch.isfinite(v).all()) for v in trained.values())

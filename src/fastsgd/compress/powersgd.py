@@ -34,6 +34,15 @@ def products(matrix: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return (factor.T @ matrix.T).T.contiguous()
 
 
+def orthonormal(p: torch.Tensor) -> torch.Tensor:
+    """Q of p's QR decomposition: orthonormal columns spanning p's. torch has no QR for
+    float16 and bfloat16 (geqrf), so a model of those has it done in float32 and cast back:
+    every half value is exact in float32, and the Q is rounded once, as a half QR would."""
+    if p.dtype in (torch.float32, torch.float64):
+        return torch.linalg.qr(p).Q
+    return torch.linalg.qr(p.float()).Q.to(p.dtype)
+
+
 class PowerSGD(Codec):
     name = "powersgd"
     kind = "lowrank"
@@ -64,7 +73,7 @@ class PowerSGD(Codec):
             matrix = matrix.view(rows, cols)
         p = products(matrix, state["q"])
         transport.all_reduce(p)
-        p = torch.linalg.qr(p).Q  # orthonormal columns; the scale of the mean does not matter
+        p = orthonormal(p)  # the scale of the mean does not matter
         q = products(matrix.T, p)
         transport.all_reduce(q)
         q /= transport.world_size
