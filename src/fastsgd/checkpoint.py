@@ -126,8 +126,7 @@ def intact(run_dir: Path, step: int, rank: int, workers: int) -> bytes | None:
     folder = step_dir(run_dir, step)
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
-        if manifest["workers"] != workers:
-            _warn(f"checkpoint {folder} has {manifest['workers']} workers, this run {workers}")
+        if manifest["workers"] != workers:  # agree_step says so if no checkpoint fits
             return None
         if manifest["sha256"][rank] is None:
             rank = next(r for r, digest in enumerate(manifest["sha256"]) if digest)
@@ -169,6 +168,8 @@ def agree_step(run_dir: Path, transport: Transport,
         proposals = [int(t) for t in transport.all_gather(
             torch.tensor([mine], dtype=torch.int64, device=transport.device))]
         bound = min(proposals)
+        if bound < 0:
+            _refuse_other_workers(run_dir, transport)
         if bound < 0 and not required:
             return None
         if bound < 0:
@@ -178,6 +179,33 @@ def agree_step(run_dir: Path, transport: Transport,
             data = found[bound]
             assert data is not None
             return bound, data
+
+
+def workers_of(run_dir: Path) -> int | None:
+    """The number of workers of the newest checkpoint with a readable manifest, if any."""
+    for step in steps(run_dir)[::-1]:
+        try:
+            manifest = json.loads((step_dir(run_dir, step) / "manifest.json").read_text())
+            return int(manifest["workers"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _refuse_other_workers(run_dir: Path, transport: Transport) -> None:
+    """When no checkpoint fits every worker: one line if the run's checkpoints are of
+    another number of workers (a resume takes the same number; a run that lost workers
+    still counts them all). Every worker raises it, or none: each node has its own files."""
+    mine = workers_of(run_dir) or transport.world_size
+    found = max(int(t) for t in transport.all_gather(torch.tensor(
+        [0 if mine == transport.world_size else mine], device=transport.device)))
+    if not found:
+        return
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun sets the number, not run.workers
+        raise UserError(f"{run_dir}'s checkpoints are of {found} workers but torchrun started "
+                        f"{transport.world_size}; resume with {found} workers")
+    raise UserError(f"{run_dir}'s checkpoints are of {found} workers but run.workers = "
+                    f"{transport.world_size}; resume with run.workers = {found}")
 
 
 def load(data: bytes) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from fastsgd.compress import CODECS
 from fastsgd.data import SEEDED_DATASETS, Dataset
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks.base import model_loss_step
-from fastsgd.objects import WANTED, described, import_path, is_import_path, resolve
+from fastsgd.objects import WANTED, described, import_path, is_import_path, resolve, with_article
 from fastsgd.options import Registry
 from fastsgd.plan import cross_entropy_step, evaluate_classifier
 from fastsgd.strategies import STRATEGIES
@@ -27,6 +27,8 @@ from fastsgd.strategies import STRATEGIES
 OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 BUILTIN_FUNCTIONS = {"step": {"cross_entropy": cross_entropy_step, "model_loss": model_loss_step},
                      "evaluate": {"accuracy": evaluate_classifier}}
+ARGUMENTS = {"step": 2, "evaluate": 3}  # (model, batch); (model, dataset, device)
+EXAMPLES = {"strategy": "fs.AllReduce()", "compressor": "fs.compress.TopK(ratio=0.01)"}
 
 
 def record(model: Any = None, step: Any = None, evaluate: Any = None, optimizer: Any = None,
@@ -65,8 +67,10 @@ def record_optimizer(factory: Any) -> dict[str, Any]:
     the factory's own import path where that would not say everything (parameter groups)."""
     if isinstance(factory, str):
         return {"name": factory}
+    optimizer = _probe_optimizer(factory)
+    if optimizer is None:  # it needs the model's own parameters
+        return {"name": import_path(factory)}
     try:
-        optimizer = factory([torch.nn.Parameter(torch.zeros(1))])
         groups, defaults = optimizer.param_groups, optimizer.defaults
         options = {k: _toml(v) for k, v in defaults.items() if v is not None}
         plain = len(groups) == 1 and all(groups[0].get(k) == v for k, v in defaults.items())
@@ -75,6 +79,42 @@ def record_optimizer(factory: Any) -> dict[str, Any]:
     if not plain or any(v is None for v in options.values()):
         return {"name": import_path(factory)}
     return {"name": import_path(type(optimizer)), **options}
+
+
+def _probe_optimizer(factory: Any) -> Any:
+    """What the API's optimizer argument makes of a probe parameter (None where that raises:
+    it may want the model's real parameters); UserError where it can never be an optimizer
+    fastsgd's loop can step."""
+    named = "the optimizer argument must be a function(params) -> torch.optim.Optimizer"
+    if isinstance(factory, torch.optim.Optimizer):
+        cls = import_path(type(factory)).replace(":", ".")
+        raise UserError(f"{named}; got {described(factory)} instance: pass a function, e.g. "
+                        f"lambda params: {cls}(params, lr=0.05)")
+    if not callable(factory):
+        raise UserError(f"{named}; got {described(factory)}")
+    check_arguments(factory, 1, f"{named}; {import_path(factory)} does not take one argument")
+    try:
+        optimizer = factory([torch.nn.Parameter(torch.zeros(1))])
+    except Exception:  # noqa: BLE001 - the workers build it on the model's own parameters
+        return None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UserError(f"{named}; it returned {described(optimizer)}")
+    _check_steps_alone(optimizer, "the optimizer argument", UserError)
+    return optimizer
+
+
+def _check_steps_alone(optimizer: torch.optim.Optimizer, named: str,
+                       error: type[UserError]) -> None:
+    """An optimizer whose step needs a closure (LBFGS: it evaluates the loss itself, again
+    and again) cannot be stepped by fastsgd's loop, which computes the loss once a step."""
+    try:
+        inspect.signature(optimizer.step).bind()
+    except TypeError:
+        name = type(optimizer).__name__
+        raise error(f"{named} makes {described(optimizer)}: {name} needs a closure, which "
+                    "fastsgd's loop does not give; use another optimizer") from None
+    except ValueError:
+        pass  # no signature to read: it is stepped as it is
 
 
 def _toml(value: Any) -> Any:
@@ -96,6 +136,12 @@ def _record_dataset(data: Dataset, seed: Any) -> dict[str, Any]:
 def _record_component(obj: Any, registry: Registry) -> dict[str, Any]:
     if isinstance(obj, str):
         return {"name": obj}
+    if isinstance(obj, type) or not all(callable(getattr(obj, m, None))
+                                        for m in WANTED[f"{registry.section}.name"][1]):
+        argument = "strategy" if registry is STRATEGIES else "compressor"
+        got = f"the class {obj.__name__} (call it)" if isinstance(obj, type) else described(obj)
+        raise UserError(f"{argument} must be a name or a {argument} instance such as "
+                        f"{EXAMPLES[argument]}; got {got}")
     name = getattr(obj, "name", None)
     if registry.classes.get(name) is not type(obj):
         name = import_path(type(obj))
@@ -108,15 +154,33 @@ def function_from_config(key: str, value: str) -> Callable[..., Any]:
     if builtin is not None:
         return builtin
     fn = resolve(value, f"model.{key}")
-    arguments = 2 if key == "step" else 3  # (model, batch); (model, dataset, device)
+    check_arguments(fn, ARGUMENTS[key], f"model.{key} = '{value}' does not take {ARGUMENTS[key]}"
+                    f" arguments; it must name {WANTED[f'model.{key}'][0]}", ConfigError)
+    return fn
+
+
+def function_argument(key: str, fn: Any) -> Callable[..., Any] | None:
+    """The API's step or evaluate argument, its signature checked as an import path's is;
+    None for a name (the config's key then names it)."""
+    if fn is None or isinstance(fn, str):
+        return None
+    if not callable(fn):
+        raise UserError(f"{key} must be a name or {WANTED[f'model.{key}'][0]}; got "
+                        f"{described(fn)}")
+    check_arguments(fn, ARGUMENTS[key], f"the {key} argument {import_path(fn)} does not take "
+                    f"{ARGUMENTS[key]} arguments; it must be {WANTED[f'model.{key}'][0]}")
+    return fn
+
+
+def check_arguments(fn: Callable[..., Any], arguments: int, message: str,
+                    error: type[UserError] = UserError) -> None:
+    """`error(message)` unless `fn` can be called with `arguments` positional arguments."""
     try:
         inspect.signature(fn).bind(*[None] * arguments)
     except TypeError:
-        raise ConfigError(f"model.{key} = '{value}' does not take {arguments} arguments; it "
-                          f"must name {WANTED[f'model.{key}'][0]}") from None
+        raise error(message) from None
     except ValueError:
         pass  # no signature to read (some built-ins): it is called as it is
-    return fn
 
 
 def model_factory(value: str) -> Callable[[], torch.nn.Module] | None:
@@ -150,6 +214,10 @@ def _made_model(factory: Callable[[], Any], named: str, verb: str) -> torch.nn.M
 def model_argument(model: Any) -> Callable[[], torch.nn.Module] | None:
     """The API's model argument as a factory: an instance is copied for each worker."""
     if isinstance(model, torch.nn.Module):
+        if not hasattr(model, "check_data") and not any(p.requires_grad
+                                                        for p in model.parameters()):
+            raise UserError(f"the model argument ({with_article(type(model).__name__)}) has no "
+                            "parameters to train: it has none, or all are frozen")
         return lambda: copy.deepcopy(model)
     if model is None or isinstance(model, str):
         return None
@@ -168,7 +236,9 @@ def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
     if is_import_path(section["name"]):
         make = functools.partial(_imported_optimizer, section,
                                  resolve(section["name"], "optimizer.name"))
-        make([torch.nn.Parameter(torch.zeros(1))])  # a bad option fails now, in one line
+        # a bad option fails now, in one line
+        _check_steps_alone(make([torch.nn.Parameter(torch.zeros(1))]),
+                           f"optimizer.name = '{section['name']}'", ConfigError)
         return make
     lr, wd = section["lr"], section["weight_decay"]
     if section["name"] == "adam":
@@ -198,3 +268,4 @@ def _imported_optimizer(section: dict[str, Any], make: Callable[..., Any],
         raise ConfigError(f"optimizer.name = '{name}' made {described(optimizer)}, not a "
                           "torch.optim.Optimizer")
     return optimizer
+

@@ -11,8 +11,10 @@ import torch
 
 from fastsgd import config as cfg
 from fastsgd import pack
+from fastsgd.checkpoint import steps
 from fastsgd.components import (
     OptimizerFn,
+    function_argument,
     function_from_config,
     model_argument,
     model_factory,
@@ -26,7 +28,7 @@ from fastsgd.frameworks import brings_its_step, model_loss_step
 from fastsgd.frameworks.base import NO_DDP
 from fastsgd.launch import launch
 from fastsgd.models import build_model
-from fastsgd.objects import is_import_path, resolve
+from fastsgd.objects import described, is_import_path, resolve
 from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.plan import EvalFn, Plan, StepFn, evaluate_classifier
 from fastsgd.processes import door_of, expendable, rejoin_steps, train_process
@@ -38,6 +40,7 @@ from fastsgd.strategies.base import check_codec
 from fastsgd.supervise import supervise
 from fastsgd.torchrun import NO_JOIN, train_under_torchrun
 from fastsgd.transport.sim import ComputeModel, Faults, Network
+from fastsgd.transport.sim.compute import heterogeneity
 from fastsgd.transport.torch_dist import TorchTransport
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
@@ -58,6 +61,11 @@ class Job:
                  compressor: str | Compressor | None = None, evaluate: EvalFn | None = None,
                  config: str | Path | dict | None = None, options: dict[str, Any] | None = None,
                  quiet: bool = False, overwrite: bool = False, resume: str | Path | None = None):
+        if not isinstance(options, dict | None):  # else a TypeError deep in config.py
+            raise UserError(f"options must be a dict of 'section.key': value; got "
+                            f"{described(options)}")
+        if not isinstance(config, str | Path | dict | None):
+            raise UserError(f"config must be a TOML file's path or a dict; got {described(config)}")
         # resume: the run's own config and folder, then `options`; with a config given too,
         # a folder without a checkpoint yet is started (the same command line after a
         # restart, as under torchrun --max-restarts)
@@ -66,7 +74,7 @@ class Job:
             config, options = _resume_config(Path(resume), config), {
                 **(options or {}), "run.out": str(resume)}
         if isinstance(config, (str, Path)) and str(config).endswith(ARCHIVE_SUFFIX):
-            config, options = _archive_config(config, options or {})
+            config, options = pack.archive_config(config, options or {})
         source = str(config) if isinstance(config, (str, Path)) else ""
         raw = cfg.read_toml(Path(config)) if isinstance(config, (str, Path)) else (config or {})
         chosen = {f"{s}.name": a for s, a in (("strategy", strategy), ("compression", compressor))
@@ -96,9 +104,10 @@ class Job:
             self._model = model_argument(given["model"]) or model_factory(section["name"])
             if brings_its_step(self._model) and section["step"] == "cross_entropy":
                 section["step"] = "model_loss"  # a JAX model's own loss, unless told
-            self._step = given["step"] or function_from_config("step", section["step"])
-        self._evaluate = given["evaluate"] or function_from_config("evaluate",
-                                                                   section["evaluate"])
+            self._step = (function_argument("step", given["step"])
+                          or function_from_config("step", section["step"]))
+        self._evaluate = (function_argument("evaluate", given["evaluate"])
+                          or function_from_config("evaluate", section["evaluate"]))
         optimizer = given["optimizer"]
         self._optimizer = optimizer if callable(optimizer) else optimizer_from_config(
             self.config["optimizer"])
@@ -195,6 +204,7 @@ class Job:
               config["run"]["workers"], config["run"]["seed"])
         strategy, codec = self._strategy_object(config), self._codec(config)
         check_codec(strategy, codec, config["run"]["workers"])
+        heterogeneity(config["compute"], 0).check(config["run"]["workers"])  # real ones too
         if strategy.name == "ddp" and self._step is model_loss_step:
             raise UserError(NO_DDP)
         _check_momentum_once(codec, config["optimizer"])
@@ -219,8 +229,10 @@ class Job:
         name = ""
         if transport is None or transport.rank == 0:
             reuse = bool(out) and self._out_given or self.overwrite
-            name = str(claim(out or default_out(config["strategy"]["name"]), reuse,
-                             self.resume and not self._fresh_if_none))
+            # resume with a config: the folder as it is once it holds a checkpoint (else a
+            # fresh start clears it); the checkpoints were removed as an old run's files
+            resuming = self.resume and (not self._fresh_if_none or bool(steps(Path(out))))
+            name = str(claim(out or default_out(config["strategy"]["name"]), reuse, resuming))
         if transport is not None and transport.world_size > 1:
             name = agree(name, transport)
             make_run_folder(Path(name), out or name, exist_ok=True)  # each node its own files
@@ -267,20 +279,6 @@ def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Pat
     if not path.is_file():
         raise UserError(f"cannot resume {run_dir}: no config.toml there (not a run directory)")
     return path
-
-
-def _archive_config(path: str | Path, options: dict[str, Any]) -> tuple[dict, dict[str, Any]]:
-    """The config a job archive carries (checked: whole, unchanged, this torch, naming no
-    code of anyone's), and the options with model.packed, the archive."""
-    if "model.packed" in options:  # the archive is the model: another would be ignored
-        raise ConfigError(f"model.packed = {options['model.packed']!r}: {path} is a job "
-                          "archive, whose model is its own; leave model.packed out")
-    config = pack.read_archive(path, pack.versions()).config
-    try:
-        pack.check_config(cfg.validate(config))
-    except UserError as e:
-        raise UserError(f"{path}: {e}") from None
-    return config, {**options, "model.packed": str(Path(path).resolve())}
 
 
 def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:

@@ -2,9 +2,10 @@
 
 A run's config.toml must say what ran, also when the model, step, optimizer, strategy or
 codec was given as a Python object. What can be imported again is written as its import
-path; what cannot (a lambda, a function defined inside another, anything defined in the
-script that was run, an instance) is written as `<...>` with what it was, and re-running
-the file refuses it in one line naming the key.
+path; what cannot is written as what it was (a lambda `mod:<lambda>`, a function defined
+inside another `mod:outer.<locals>.f`, anything defined in the script that was run
+`__main__:f`, an instance `<instance of mod:Class>`), and re-running the file refuses it in
+one line naming the key.
 """
 
 from __future__ import annotations
@@ -88,8 +89,14 @@ def described(obj: Any) -> str:
         return "a module"
     if isinstance(obj, type):
         return "a class"
-    name = type(obj).__name__
-    return "a function" if callable(obj) else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+    return "a function" if callable(obj) else with_article(type(obj).__name__)
+
+
+def with_article(name: str) -> str:
+    """'an int', 'a StepLR', 'an SGD' (an acronym's article is its first letter's, spoken)."""
+    acronym = name[:2].isupper()
+    vowel = name[0] in "AEFHILMNORSX" if acronym else name[0].lower() in "aeiou"
+    return f"{'an' if vowel else 'a'} {name}"
 
 
 def not_rebuildable(value: str) -> str | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from fastsgd.checked_step import StepChecks
 from fastsgd.plan import Plan
 from fastsgd.strategies.params import flatten
 from fastsgd.transport.base import Done
@@ -46,13 +47,16 @@ def _profile(plan: Plan, warmup: int, repeat: int) -> dict[str, str]:
     optimizer = plan.make_optimizer(model.parameters())
     shard = plan.shard(0, plan.config["run"]["workers"])
     samples: dict[str, list[float]] = {"forward": [], "backward": [], "update": []}
+    step = StepChecks(plan.step, list(model.parameters()), "profiling (compute.model = "
+                      "'profile'): ")  # the workers' checks, before the run
     for k in range(warmup + repeat):
         x, y = shard.batch(k)
         optimizer.zero_grad()
         t0 = time.perf_counter()
-        loss = plan.step(model, (x, y))
+        loss = step(model, (x, y))
         t1 = time.perf_counter()
         loss.backward()
+        step.backward_done()
         t2 = time.perf_counter()
         optimizer.step()
         t3 = time.perf_counter()

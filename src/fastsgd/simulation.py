@@ -7,6 +7,7 @@ import torch
 
 from fastsgd import config as cfg
 from fastsgd import interrupt
+from fastsgd.checked_step import StepChecks
 from fastsgd.errors import Interrupted
 from fastsgd.observe import EvalLog, Observer
 from fastsgd.plan import Plan
@@ -60,6 +61,8 @@ def compute_lanes(plan: Plan, compute: ComputeModel) -> tuple[int, int]:
     with torch.random.fork_rng(devices=[]):
         model = plan.make_model()
         batch = plan.shard(0, plan.config["run"]["workers"]).batch(0)
-        if draws_random(lambda: plan.step(model, batch)):
+        step = StepChecks(plan.step, list(model.parameters()), "model.step, tried before "
+                          "the simulation: ")  # the workers' checks, before any worker
+        if draws_random(lambda: step(model, batch)):
             return 0, 0
     return lanes, ahead_for(model, lanes)

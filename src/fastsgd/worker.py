@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from fastsgd import checkpoint, interrupt, recovery, rejoin, results, resume
+from fastsgd.checked_step import StepChecks
 from fastsgd.config import to_toml
 from fastsgd.errors import UserError
 from fastsgd.metrics import PHASES, JsonLines, write_json
@@ -55,16 +56,16 @@ class _Loop:
         self.own_zero_grad = type(optimizer).zero_grad is torch.optim.Optimizer.zero_grad
         self.t = replica.transport
         self.rank, self.world = self.t.rank, self.t.world_size
+        self.checked_step = StepChecks(plan.step, self.weights, f"worker {self.rank}: ")
         self.shard = plan.shard(self.rank, self.world)
         self.members = list(range(self.world))  # those the shard is split among (reshard)
         self.weight = 1.0  # of this worker's loss: its share of the global batch (reshard)
         self.steps = plan.total_steps(self.world)
         run = plan.config["run"]
-        self.eval_every = run["eval_every"]
+        self.eval_every, self.log_every = run["eval_every"], run["log_every"]
         # in simulation, flushed by lines only: the file's order must not depend on wall time
         self.metrics = JsonLines(plan.run_dir / "metrics.jsonl",
                                  within=math.inf if plan.simulated else 1.0)
-        self.log_every = run["log_every"]
         self.sent = self.received = 0
         self.eval_time = 0.0  # evaluation time on the run's clock (real processes)
         self.paused = 0.0  # checkpoint time on the run's clock
@@ -207,12 +208,13 @@ class _Loop:
         """Forward, `charged()`, then backward unless the loss is not finite; the loss, and
         whether it and the gradients are finite (read here: the simulator may run this on a
         compute lane, transport.offload, and the gradients are still in its cache)."""
-        loss = self.plan.step(self.replica.forward_module, (x, y))
+        loss = self.checked_step(self.replica.forward_module, (x, y))
         charged()
         value = float(loss.detach())
         if not math.isfinite(value):
             return value, False
         (loss * self.weight if self.weight != 1 else loss).backward()
+        self.checked_step.backward_done()
         return value, all_finite([p.grad.detach() for p in self.weights if p.grad is not None])
 
     def update(self, charged: Callable[[], None]) -> None:

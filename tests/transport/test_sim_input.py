@@ -3,7 +3,9 @@
 
 import pytest
 
+import fastsgd as fs
 from fastsgd.cli import main
+from fastsgd.errors import ConfigError
 from tests.test_cli import _one_line
 
 SMALL = ["--set", "data.name=synthetic", "--set", "model.name=mlp", "--set", "run.steps=2",
@@ -30,6 +32,8 @@ CASES = [
     (["network.loss=-0.1"], "network.loss must be in [0, 1)"),
     (['network.bandwidths={7 = "1Mbit"}'], "network.bandwidths names worker 7"),
     (['network.bandwidths={1 = "fast"}'], "network.bandwidths must map worker ranks"),
+    (["compute.slowdown=[1, 1, 1, 1, 50]"],
+     "compute.slowdown has 5 factors but run.workers = 4: give at most one per worker"),
     (["compute.straggler_prob=1.5"], "compute.straggler_prob must be in [0, 1)"),
     (["compute.trace=/no/such/trace.csv"], "compute.trace: cannot read /no/such/trace.csv"),
     # times and rates that overflow to inf, or past the nanosecond clock
@@ -77,3 +81,25 @@ def test_bad_simulator_settings(sets, culprit, simulate):
 @pytest.mark.parametrize("text, culprit", TRACES)
 def test_bad_trace_files(text, culprit, tmp_path, simulate):
     simulate(["--set", _trace(tmp_path, text)], culprit)
+
+
+SLOW = {"compute.slowdown": [1, 1, 1, 50], "data.name": "synthetic", "model.name": "mlp",
+        "run.steps": 2, "compute.model": "fixed", "compute.step_time": "1ms"}
+
+
+def test_slowdown_factors_count_against_the_workers_the_run_has(tmp_path):
+    """Checked at the run's own number of workers: simulate(workers=) sets it."""
+    with pytest.raises(ConfigError, match="^compute.slowdown has 4 factors but run.workers = "
+                                          "2: give at most one per worker"):
+        fs.Job(options={**SLOW, "run.out": str(tmp_path / "a")}, quiet=True).simulate(workers=2)
+    assert not (tmp_path / "a").exists()
+    job = fs.Job(options={**SLOW, "run.workers": 2, "run.out": str(tmp_path / "b")}, quiet=True)
+    assert job.simulate(workers=4).summary["workers"] == 4
+
+
+# Real processes slow down by compute.slowdown too (worker.py): the same check. It needs
+# one call in Job.plan (job.py), where the number of workers is the run's, also torchrun's.
+@pytest.mark.multiproc
+def test_slowdown_with_more_factors_than_workers_is_refused_by_run_too(tmp_path):
+    with pytest.raises(ConfigError, match="^compute.slowdown has 4 factors but run.workers = 2"):
+        fs.Job(options={**SLOW, "run.out": str(tmp_path)}, quiet=True).run(workers=2)

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from fastsgd import config as cfg
 from fastsgd.data import Dataset
-from fastsgd.errors import UserError
+from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks.base import NO_DDP
 from fastsgd.objects import is_import_path
 from fastsgd.pack.archive import Archive, read_archive, write_archive
@@ -24,8 +25,8 @@ from fastsgd.pack.export import StepFn, export_programs
 from fastsgd.pack.packed import PackedFactory, PackedModel, signature
 from fastsgd.pack.validate import check_program
 
-__all__ = ["Archive", "PackedFactory", "PackedModel", "check_config", "pack", "read_archive",
-           "versions"]
+__all__ = ["Archive", "PackedFactory", "PackedModel", "archive_config", "check_config", "pack",
+           "read_archive", "versions"]
 
 PACKED = "packed"  # model.name and model.step of a packed job
 BUILTIN_NAMES = {"optimizer.name": ("sgd", "adam"), "model.evaluate": ("accuracy",)}
@@ -98,3 +99,17 @@ def check_config(config: dict[str, Any]) -> None:
 
 def _torch_path(value: str) -> bool:
     return value.startswith("torch.") and ":" in value
+
+
+def archive_config(path: str | Path, options: dict[str, Any]) -> tuple[dict, dict[str, Any]]:
+    """The config a job archive carries (checked: whole, unchanged, this torch, naming no
+    code of anyone's), and the options with model.packed, the archive."""
+    if "model.packed" in options:  # the archive is the model: another would be ignored
+        raise ConfigError(f"model.packed = {options['model.packed']!r}: {path} is a job "
+                          "archive, whose model is its own; leave model.packed out")
+    config = read_archive(path, versions()).config
+    try:
+        check_config(cfg.validate(config))
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
+    return config, {**options, "model.packed": str(Path(path).resolve())}

@@ -40,6 +40,14 @@ class Heterogeneity:
     sigma: float = 0.0
     seed: int = 0
 
+    def check(self, world_size: int) -> None:
+        """Errors that depend on the number of workers (as Network.check's): a factor for
+        a rank that does not exist would be ignored."""
+        if len(self.slowdown) > world_size:
+            raise ConfigError(f"compute.slowdown has {len(self.slowdown)} factors but "
+                              f"run.workers = {world_size}: give at most one per worker "
+                              "(missing ones are 1)")
+
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - frozen and small; asked once a phase
     def factor(self, rank: int, step: int) -> float:
         f = self.slowdown[rank] if rank < len(self.slowdown) else 1.0
