@@ -192,6 +192,7 @@ def evaluate_together(loop: Loop, step: int) -> None:
         resume.kill_if_asked(loop.rank, step, "evaluation")
         accuracy, loss = loop.plan.evaluate(model, loop.plan.dataset, t.device)
         loop.log.record(step, when, model, accuracy, loss, consensus, loop.wall())
+    t.barrier()  # the others' clocks stop until the leader is done, as the leader's does
     loop.evaluated = step  # only now: redone if a worker died meanwhile (recovery.py)
     loop.log.count += 1
     loop.eval_time += t.now() - began

@@ -4,6 +4,7 @@ leader's summary.json and model.pt; and what a Job returns of them (Result)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ def finish(loop: Loop, wall_time: float) -> dict[str, Any] | None:
     """Collective: the last evaluation if it is due, the totals; the leader's summary."""
     loop.t.await_deferred()  # the model is read
     end = loop.clock()
+    evaluating = loop.log.wall  # before the last evaluation, which `wall_time` was taken before
     if loop.evaluated != loop.steps:
         loop.evaluate(loop.steps)
     # each worker's own rate up to its last step (where asynchronous strategies drain,
@@ -39,7 +41,7 @@ def finish(loop: Loop, wall_time: float) -> dict[str, Any] | None:
     # the last evaluation has its own replica (the run ended averaged, or on its own)
     model = loop.log.model[1] or loop.model
     torch.save(model.state_dict(), loop.plan.run_dir / "model.pt")
-    written = summary(loop, wall_time - loop.log.wall, end, totals.tolist())
+    written = summary(loop, wall_time - evaluating, end, totals.tolist())
     write_json(loop.plan.run_dir / "summary.json", written)
     if loop.plan.config["run"]["tensorboard"]:  # from the metrics every worker flushed
         loop.events.file(loop.wall()).update()
@@ -83,7 +85,7 @@ def summary(loop: Loop, wall_time: float, end: float, totals: list[float]) -> di
         "workers": loop.world, "steps": loop.steps,
         "epochs": loop.steps / loop.shard.steps_per_epoch,
         "global_batch": loop.world * cfg["data"]["batch_size"],
-        "final_accuracy": last[1], "final_loss": last[2],
+        "final_accuracy": number(last[1]), "final_loss": number(last[2]),
         "target_accuracy": loop.log.target or None, "time_to_target": loop.log.time_to_target,
         "wall_to_target": loop.log.wall_to_target,
         # to the ns, as eval.jsonl's times are: unrounded, an evaluation at the end
@@ -94,12 +96,18 @@ def summary(loop: Loop, wall_time: float, end: float, totals: list[float]) -> di
         "samples_per_second": totals[2],
         "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
         "skipped_steps": int(totals[3]),  # worker-steps with a NaN or inf loss or gradient
-        "consensus_distance": last[3], "representative": cfg["run"]["representative"],
+        "consensus_distance": number(last[3]), "representative": cfg["run"]["representative"],
         "lost_workers": lost_workers(loop),
         "rejoined_workers": rejoined_workers(loop),
         "mode": "simulated" if loop.plan.simulated else "real",
         "run_dir": str(loop.plan.run_dir),
     }
+
+
+def number(value: float) -> float | None:
+    """`value`, or None (null) for a NaN or inf: summary.json stays JSON that any reader
+    takes (a diverged model's loss is NaN; eval.jsonl keeps it, as metrics.jsonl does)."""
+    return value if math.isfinite(value) else None
 
 
 @dataclass

@@ -123,11 +123,13 @@ def over_seeds(runs: list[RunData]) -> list[dict[str, Any]]:
         groups.setdefault(job_key(r, ("out", "seed")), []).append(r)
     out = []
     for group in (g for g in groups.values() if len(g) > 1):
-        accuracy = [r.summary["final_accuracy"] for r in group]
+        # null: a run whose model diverged (results.number)
+        accuracy = [a for r in group if (a := r.summary["final_accuracy"]) is not None]
         out.append({
             "cell": _without(group[0], ("run.seed=",)), "seeds": len(group),
             "target": group[0].summary.get("target_accuracy"),
-            "accuracy_mean": statistics.fmean(accuracy), "accuracy_sd": statistics.stdev(accuracy),
+            "accuracy_mean": statistics.fmean(accuracy) if accuracy else None,
+            "accuracy_sd": statistics.stdev(accuracy) if len(accuracy) > 1 else None,
             "time_to_target_s": mlperf_score([r.summary["time_to_target"] for r in group]),
             "wall_to_target_s": mlperf_score([r.summary.get("wall_to_target") for r in group]),
             "epochs_to_target": mlperf_score([epochs_to_target(r) for r in group]),
@@ -158,7 +160,7 @@ MARKDOWN = (  # header, how to show a row's value
     ("run", lambda r: r["run"]),
     ("strategy / codec", lambda r: f"{r['strategy']} / {r['codec']}"),
     ("workers", lambda r: str(r["workers"])),
-    ("accuracy", lambda r: f"{r['final_accuracy']:.2%}"),
+    ("accuracy", lambda r: _maybe(r["final_accuracy"], "{:.2%}")),
     ("time to target", lambda r: _seconds(r["time_to_target_s"], r["clock"])
      if r["target_accuracy"] else ""),
     ("epochs to target", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),
@@ -167,7 +169,7 @@ MARKDOWN = (  # header, how to show a row's value
     ("comm. overhead", lambda r: _maybe(r["comm_overhead"], "{:.0%}")),
     ("mean step (ms): " + " / ".join(PHASES),
      lambda r: " / ".join(f"{r[p + '_ms']:.2f}" for p in PHASES)),
-    ("consensus", lambda r: f"{r['consensus_distance']:.3g}"),
+    ("consensus", lambda r: _maybe(r["consensus_distance"], "{:.3g}")),
     ("scaling eff.", lambda r: _maybe(r["scaling_efficiency"], "{:.0%}")),
 )
 
@@ -175,7 +177,8 @@ MARKDOWN = (  # header, how to show a row's value
 SEEDS_MARKDOWN = (
     ("cell", lambda r: r["cell"]),
     ("seeds", lambda r: str(r["seeds"])),
-    ("accuracy (mean ± sd)", lambda r: f"{r['accuracy_mean']:.2%} ± {r['accuracy_sd']:.2%}"),
+    ("accuracy (mean ± sd)", lambda r: _maybe(r["accuracy_mean"], "{:.2%}")
+     + _maybe(r["accuracy_sd"], " ± {:.2%}")),
     ("time to target (MLPerf)", lambda r: _seconds(r["time_to_target_s"], r["clock"])
      if r["target"] else ""),
     ("epochs to target (MLPerf)", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),

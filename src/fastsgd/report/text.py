@@ -30,6 +30,11 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _shown(value: float | None, form: str) -> str:
+    """A number of summary.json, or n/a for its null (a NaN: a diverged model's loss)."""
+    return "n/a" if value is None else form.format(value)
+
+
 def _evaluation_line(s: dict) -> list[str]:
     if s.get("eval_time") is None:  # a run directory from before evaluation was timed
         return []
@@ -46,14 +51,16 @@ def text_report(run_dir: str | Path) -> str:
         f"strategy {s['strategy']} | compressor {s['compressor']} | "
         f"{plural(s['workers'], 'worker')} | {plural(s['steps'], 'step')} "
         f"({s['epochs']:.2f} epochs, global batch {s['global_batch']})",
-        f"test accuracy  {s['final_accuracy']:.2%}   (loss {s['final_loss']:.4f})",
+        f"test accuracy  {_shown(s['final_accuracy'], '{:.2%}')}   "
+        f"(loss {_shown(s['final_loss'], '{:.4f}')})",
         f"training time  {clock:.1f} s {kind}"
         + (f", time to {s['target_accuracy']:.0%}: " + (f"{s['time_to_target']:.1f} s"
            if s["time_to_target"] is not None else "not reached")
            if s.get("target_accuracy") else ""),
         *_evaluation_line(s),
         f"bytes sent     {human_bytes(s['bytes_sent_total'])} by all workers",
-        f"consensus      {s['consensus_distance']:.3g} (mean squared distance to the average)",
+        f"consensus      {_shown(s['consensus_distance'], '{:.3g}')} (mean squared distance "
+        "to the average)",
     ]
     metrics_path = run_dir / "metrics.jsonl"
     if metrics_path.exists():
