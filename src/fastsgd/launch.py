@@ -11,6 +11,7 @@ that shrink form their new group through it (transport/shrink.py).
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -69,7 +70,7 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
     with catching():
         try:
             for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
-                p.start()
+                forked(p)
             store = _store(port, workers)  # noqa: F841 - held until the workers have ended
             steps = rejoin if rejoin is not None else door.steps if door else None
             joins = None if steps is None else _Rejoin(
@@ -84,6 +85,20 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
             if door:
                 door.close()
             _end(procs)
+
+
+def forked(process: mp.process.BaseProcess) -> None:
+    """Start `process` (forked) with this process's objects out of its garbage collector's
+    reach (gc.freeze, as Python's docs advise before a fork). Garbage of this process not
+    yet collected, such as the TCPStore of an earlier run held in a cycle by an exception's
+    traceback, was otherwise destroyed in the child, where its destructor waited forever to
+    join a thread the child does not have (seen as a worker hung in its first steps)."""
+    gc.collect()  # here, where the threads such objects wait for are still running
+    gc.freeze()
+    try:
+        process.start()
+    finally:
+        gc.unfreeze()
 
 
 def _preload() -> None:
@@ -206,7 +221,7 @@ class _Rejoin:
         joiner = self.ctx.Process(target=_child, args=(
             self.fn, rank, self.workers, self.port, self.errors, self.restart, self.stop,
             f"{step}:{donor}:{self.stop.joined_at[donor]}"), name=f"fastsgd-worker-{rank}")
-        joiner.start()
+        forked(joiner)
         return joiner
 
     def join_step(self, rank: int, running: list[int]) -> int | None:
