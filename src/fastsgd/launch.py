@@ -69,8 +69,7 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
              for rank in range(workers)]
     with catching():
         try:
-            for p in procs:  # inside: a Ctrl-C while they start still stops the ones started
-                forked(p)
+            forked(procs)  # inside: a Ctrl-C while they start still stops the ones started
             store = _store(port, workers)  # noqa: F841 - held until the workers have ended
             steps = rejoin if rejoin is not None else door.steps if door else None
             joins = None if steps is None else _Rejoin(
@@ -87,8 +86,8 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
             _end(procs)
 
 
-def forked(process: mp.process.BaseProcess) -> None:
-    """Start `process` (forked) with this process's objects out of its garbage collector's
+def forked(processes: list[mp.process.BaseProcess]) -> None:
+    """Start `processes` (forked) with this process's objects out of their garbage collectors'
     reach (gc.freeze, as Python's docs advise before a fork). Garbage of this process not
     yet collected, such as the TCPStore of an earlier run held in a cycle by an exception's
     traceback, was otherwise destroyed in the child, where its destructor waited forever to
@@ -96,7 +95,8 @@ def forked(process: mp.process.BaseProcess) -> None:
     gc.collect()  # here, where the threads such objects wait for are still running
     gc.freeze()
     try:
-        process.start()
+        for process in processes:
+            process.start()
     finally:
         gc.unfreeze()
 
@@ -221,7 +221,7 @@ class _Rejoin:
         joiner = self.ctx.Process(target=_child, args=(
             self.fn, rank, self.workers, self.port, self.errors, self.restart, self.stop,
             f"{step}:{donor}:{self.stop.joined_at[donor]}"), name=f"fastsgd-worker-{rank}")
-        forked(joiner)
+        forked([joiner])
         return joiner
 
     def join_step(self, rank: int, running: list[int]) -> int | None:
