@@ -39,7 +39,7 @@ EVERY = 0.1  # s between looks at the door, on both sides
 TAKEN = -1  # the answer while the launcher admits the request (it can no longer be withdrawn)
 CLOSED = -2  # the answer when the run ends before the request could be admitted
 ENDED_WELL, FAILED = 1, 2  # `ended`: how a process from outside ended (0: not told)
-GONE, GONE_FAILED = -1000, -1001  # its exit code as the launcher tells it (_failure)
+GONE, GONE_FAILED = -1000, -1001  # its exit code as the launcher tells it (forking.failure_of)
 
 
 class Outside:

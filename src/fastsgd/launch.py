@@ -11,14 +11,10 @@ that shrink form their new group through it (transport/shrink.py).
 
 from __future__ import annotations
 
-import gc
 import multiprocessing as mp
-import os
-import signal
 import socket
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing import connection
@@ -26,15 +22,12 @@ from multiprocessing import connection
 import torch
 import torch.distributed as dist
 
-from fastsgd.door import EVERY, GONE, GONE_FAILED, Door
+from fastsgd.door import EVERY, Door
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
-from fastsgd.interrupt import DONOR_LOST, Stop, catching, share
+from fastsgd.forking import child, failure_of, forked
+from fastsgd.interrupt import DONOR_LOST, Stop, catching
 
 STOP_WITHIN = 4.5  # seconds the workers have to stop on Ctrl-C
-# the reports of failed workers share the error queue's pipe (64 kB): a worker whose report
-# does not fit blocks in put() until the launcher reads it, which it does once the worker
-# has ended: never. 4 kB each leave room for 16 workers (a RecursionError's trace is 100s).
-REPORT_CHARS = 1000, 3000  # the message, the trace
 
 
 def free_port() -> int:
@@ -64,7 +57,7 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
     port = free_port()
     stop = Stop(ctx, workers, door.path if door else None)
     join = "" if rejoin is not None or door else None  # "": the workers accept joiners
-    procs = [ctx.Process(target=_child, args=(fn, rank, workers, port, errors, restart, stop,
+    procs = [ctx.Process(target=child, args=(fn, rank, workers, port, errors, restart, stop,
                                               join), name=f"fastsgd-worker-{rank}")
              for rank in range(workers)]
     with catching():
@@ -84,21 +77,6 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
             if door:
                 door.close()
             _end(procs)
-
-
-def forked(processes: list[mp.process.BaseProcess]) -> None:
-    """Start `processes` (forked) with this process's objects out of their garbage collectors'
-    reach (gc.freeze, as Python's docs advise before a fork). Garbage of this process not
-    yet collected, such as the TCPStore of an earlier run held in a cycle by an exception's
-    traceback, was otherwise destroyed in the child, where its destructor waited forever to
-    join a thread the child does not have (seen as a worker hung in its first steps)."""
-    gc.collect()  # here, where the threads such objects wait for are still running
-    gc.freeze()
-    try:
-        for process in processes:
-            process.start()
-    finally:
-        gc.unfreeze()
 
 
 def _preload() -> None:
@@ -160,7 +138,7 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
                 lost.add(rank)
                 if survivors_stop or len(lost) == len(procs):
                     continue
-                failure = _failure(rank, p.exitcode, errors)
+                failure = failure_of(rank, p.exitcode, errors)
                 joiner = rejoin.start(rank, [procs.index(q) for q in running]) if rejoin else None
                 if joiner is not None:
                     procs[rank] = joiner
@@ -178,12 +156,12 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
                 dead = [q for q in procs if q.exitcode is not None and q.exitcode < 0
                         and procs.index(q) not in lost]
                 if not dead and lost:  # the survivors of a loss could not go on: a fault
-                    raise WorkerFailed(f"{_failure(min(lost), procs[min(lost)].exitcode, errors)}"
+                    raise WorkerFailed(f"{failure_of(min(lost), procs[min(lost)].exitcode, errors)}"
                                        "; the others could not go on without it", died=True)
                 first = dead[0] if dead else p
-                raise _failure(procs.index(first), first.exitcode, errors)
+                raise failure_of(procs.index(first), first.exitcode, errors)
     if lost and (survivors_stop or len(lost) == len(procs)):
-        failure = _failure(min(lost), procs[min(lost)].exitcode, errors)
+        failure = failure_of(min(lost), procs[min(lost)].exitcode, errors)
         then = ("" if len(lost) == len(procs) else
                 '; the survivors wrote a checkpoint and stopped (run.on_failure = "stop")')
         raise WorkerFailed(f"{failure}{then}", died=True)
@@ -218,7 +196,7 @@ class _Rejoin:
         if step is None:
             return None
         donor = self.stop.donor[rank]
-        joiner = self.ctx.Process(target=_child, args=(
+        joiner = self.ctx.Process(target=child, args=(
             self.fn, rank, self.workers, self.port, self.errors, self.restart, self.stop,
             f"{step}:{donor}:{self.stop.joined_at[donor]}"), name=f"fastsgd-worker-{rank}")
         forked([joiner])
@@ -262,58 +240,3 @@ def _ended(running: list[mp.process.BaseProcess], sentinels: list) -> list[mp.pr
     return sorted(ended, key=lambda p: not (p.exitcode < 0 or p.exitcode == DONOR_LOST))
 
 
-def _failure(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Exception:
-    """What to tell: a worker killed by a signal, else the workers' own reports (user
-    errors first, then by rank), else a death without a message."""
-    if exitcode in (GONE, GONE_FAILED):
-        how = ("failed (its error is in its own output)" if exitcode == GONE_FAILED else
-               "ended without telling how (killed?)")
-        return WorkerFailed(f"worker {rank}, a process of fastsgd join, {how}", died=True)
-    if exitcode is not None and exitcode < 0:
-        name = signal.Signals(-exitcode).name
-        return WorkerFailed(f"worker {rank} was killed by signal {-exitcode} ({name})",
-                            died=True)
-    if exitcode == DONOR_LOST:
-        return WorkerFailed(f"worker {rank}, a new process, lost the worker it was to take "
-                            "its state from before it had it", died=True)
-    reports = []
-    while not errors.empty():
-        reports.append(errors.get())
-    reports.sort(key=lambda r: (not r[2], r[0]))
-    if not reports:
-        return WorkerFailed(f"worker {rank} died (exit code {exitcode}) without a message",
-                            died=True)
-    first_rank, message, is_user_error, trace = reports[0]
-    if is_user_error:
-        return UserError(message)
-    return WorkerFailed(f"worker {first_rank} failed: {message}\n{trace}")
-
-
-def worker_environment(rank: int, world: int, port: int, restart: int = 0) -> None:
-    """What a worker of the launcher's finds in its environment, and one intra-op thread."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), FASTSGD_RESTART=str(restart),
-                      TORCHELASTIC_USE_AGENT_STORE="True")  # the launcher's (_store)
-    torch.set_num_threads(1)
-
-
-def _child(fn: Callable[[], object], rank: int, world: int, port: int,
-           errors: mp.SimpleQueue, restart: int, stop: Stop, join: str | None = None) -> None:
-    """`join`: None, or the run takes new workers in lost ones' places (run.rejoin): "",
-    or "STEP:DONOR:SINCE" in such a new worker (SINCE: the step the donor's process joined at)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (interrupt.py)
-    share(stop)
-    if join is not None:
-        os.environ["FASTSGD_REJOIN"] = "1"  # keep the message port open for joiners
-    if join:
-        os.environ["FASTSGD_JOIN"] = join
-    worker_environment(rank, world, port, restart)
-    try:
-        fn()
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, then exit 1
-        message = f"{type(e).__name__}: {e}" if not isinstance(e, UserError) else str(e)
-        errors.put((rank, message[:REPORT_CHARS[0]], isinstance(e, UserError),
-                    traceback.format_exc()[-REPORT_CHARS[1]:]))
-        os._exit(1)
-    os._exit(0)

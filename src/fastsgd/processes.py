@@ -9,7 +9,7 @@ from typing import Any
 from fastsgd import interrupt
 from fastsgd.door import ENDED_WELL, FAILED, Door
 from fastsgd.errors import UserError
-from fastsgd.launch import worker_environment
+from fastsgd.forking import worker_environment
 from fastsgd.plan import Plan
 from fastsgd.rundir import DOOR
 from fastsgd.strategies import STRATEGIES
