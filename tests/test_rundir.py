@@ -155,3 +155,31 @@ def test_a_failed_run_drops_only_an_empty_folder_of_its_own_naming(tmp_path, nam
                 (folder / "config.toml").write_text("")
             raise fs.UserError("bad input")
     assert empty.exists() != named_by_us and (written / "config.toml").exists()
+
+
+def test_two_runs_started_at_once_never_share_a_folder(tmp_path):
+    """A folder is claimed before any file of its run is written: two runs started in the
+    same second (one default name) got the same folder and wrote into each other's files."""
+    from fastsgd.rundir import claim
+
+    out = str(tmp_path / "runs" / "allreduce-x")
+    first = claim(out, reuse=False)  # nothing written in it yet, as right after the claim
+    assert claim(out, reuse=False).name == "allreduce-x-2"
+    (tmp_path / "by-hand").mkdir()  # an empty folder made by hand is still taken, once
+    assert claim(str(tmp_path / "by-hand"), reuse=False) == tmp_path / "by-hand"
+    assert claim(str(tmp_path / "by-hand"), reuse=False).name == "by-hand-2"
+    assert first == tmp_path / "runs" / "allreduce-x"
+
+
+def test_many_processes_claim_distinct_folders(tmp_path):
+    import multiprocessing as mp
+
+    with mp.get_context("fork").Pool(8) as pool:
+        names = pool.map(_claim_name, [str(tmp_path / "same")] * 32)
+    assert len(set(names)) == 32
+
+
+def _claim_name(out: str) -> str:
+    from fastsgd.rundir import claim
+
+    return str(claim(out, reuse=False))

@@ -30,7 +30,11 @@ from fastsgd.tensorboard import PREFIX as EVENTS_PREFIX
 from fastsgd.tensorboard import SUFFIX as EVENTS_SUFFIX
 
 DOOR = ".door"  # while a run with run.join runs: its launcher's shared state (door.py)
-RUN_FILES = (DOOR, "config.toml", "environment.json", "metrics.jsonl", "eval.jsonl",
+# made with O_EXCL when a run claims a folder: of two runs started in one second, or two
+# claiming a folder made by hand, only one gets it (a folder is taken before any file of
+# the run is written in it)
+CLAIMED = ".claimed"
+RUN_FILES = (CLAIMED, DOOR, "config.toml", "environment.json", "metrics.jsonl", "eval.jsonl",
              "summary.json", "model.pt")
 _NAME_BYTES = 4096
 
@@ -52,6 +56,7 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
         return path
     if reuse and resume:
         make_run_folder(path, out, exist_ok=True)
+        (path / CLAIMED).touch()
         return path
     if reuse:
         make_run_folder(path, out, exist_ok=True)
@@ -62,16 +67,27 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
         shutil.rmtree(path / "attempts", ignore_errors=True)
         for events in path.glob(f"{EVENTS_PREFIX}*{EVENTS_SUFFIX}"):
             events.unlink()
+        (path / CLAIMED).touch()
         return path
     for k in count(1):
         candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")
         try:
-            make_run_folder(candidate, out)  # atomic: two runs never claim the same folder
+            make_run_folder(candidate, out)
+        except FileExistsError:  # a folder (or a file) of that name: the next name, unless
+            if not candidate.is_dir() or holds_run(candidate):  # it is empty, made by hand
+                continue
+        if _claimed(candidate):
             return candidate
-        except FileExistsError:  # a folder (or a file) of that name: the next name
-            if candidate.is_dir() and not holds_run(candidate):
-                return candidate
     raise AssertionError("unreachable")
+
+
+def _claimed(folder: Path) -> bool:
+    """Whether this process took `folder`: the first to make its CLAIMED file."""
+    try:
+        os.close(os.open(folder / CLAIMED, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def make_run_folder(path: Path, out: str, exist_ok: bool = False) -> None:
@@ -96,7 +112,8 @@ def dropped_if_empty(path: Path, named_by_us: bool) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        if named_by_us and path.is_dir() and not any(path.iterdir()):
+        if named_by_us and path.is_dir() and {p.name for p in path.iterdir()} <= {CLAIMED}:
+            (path / CLAIMED).unlink(missing_ok=True)
             path.rmdir()
         raise
 
