@@ -299,3 +299,16 @@ def test_no_worker_counts_the_evaluation_as_training(tmp_path, real):
     steps = [r for r in result.metrics()]
     assert len(steps) == 6 and max(r["aggregation"] for r in steps) < 0.4
     assert max(r["time"] for r in steps) < 1.0
+
+
+# --- when a run ends ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", ["hogwild", "allreduce"])
+def test_the_run_ends_with_its_last_worker(tmp_path, strategy):
+    """simulated_time is when the slowest worker ended, not the leader: hogwild's worker 0
+    ended at a fifth of worker 1's time, and the summary said so while the last evaluation,
+    timed by the last worker to reach it, came after the run's end."""
+    run = _run(tmp_path, strategy, options={"strategy.name": strategy, "run.steps": 6,
+                                            "compute.slowdown": [1, 5]})
+    last = max(row["time"] for row in run.metrics())
+    assert run.summary["simulated_time"] == last == run.evals()[-1]["time"]

@@ -33,6 +33,11 @@ def finish(loop: Loop, wall_time: float) -> dict[str, Any] | None:
     totals = torch.tensor([loop.sent, loop.received, rate, loop.skipped], dtype=torch.float64,
                           device=loop.t.device)
     loop.t.all_reduce(totals)
+    # the run ends with its last worker: asynchronous ones end apart (hogwild with a slow
+    # worker, a drain), and every evaluation is timed by the last worker to reach it
+    ends = loop.t.all_gather(torch.tensor([end, wall_time - evaluating], dtype=torch.float64,
+                                          device=loop.t.device))
+    end, training_wall = (max(float(e[i]) for e in ends) for i in (0, 1))
     if loop.rank != loop.leader:
         return None
     if loop.log.last is None:  # worker 0 was lost after the last evaluation
@@ -41,7 +46,7 @@ def finish(loop: Loop, wall_time: float) -> dict[str, Any] | None:
     # the last evaluation has its own replica (the run ended averaged, or on its own)
     model = loop.log.model[1] or loop.model
     torch.save(model.state_dict(), loop.plan.run_dir / "model.pt")
-    written = summary(loop, wall_time - evaluating, end, totals.tolist())
+    written = summary(loop, training_wall, end, totals.tolist())
     write_json(loop.plan.run_dir / "summary.json", written)
     if loop.plan.config["run"]["tensorboard"]:  # from the metrics every worker flushed
         loop.events.file(loop.wall()).update()
