@@ -79,9 +79,11 @@ def job_key(run: RunData, ignore: tuple[str, ...] = ("workers", "out")) -> str:
 
 
 def scaling_efficiency(runs: list[RunData]) -> list[float | None]:
-    """Throughput at n workers / (n x throughput of the 1-worker run of the same job); at
-    one worker every strategy is plain SGD, so without a 1-worker run of its own a run is
-    measured against one of another strategy or codec, the rest alike. None without one."""
+    """Throughput at n workers / (n x throughput of the 1-worker run of the same job);
+    without a 1-worker run of its own, a run is measured against one of another strategy or
+    codec, the rest alike: one worker talks to no one, so its throughput is a base to scale
+    against (what it learns may differ: outer optimizers and lossy codecs act on one
+    worker too). None without one."""
     def key(run: RunData, any_strategy: bool) -> str:
         if not any_strategy:
             return job_key(run)
