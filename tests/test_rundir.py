@@ -71,6 +71,9 @@ def test_nan_loss_is_a_clear_error(synthetic, tmp_path):
     with pytest.raises(fs.UserError, match=r"worker \d: loss (nan|inf) at step \d+, 11 steps "
                                            r"in a row \(run.max_bad_steps = 10\)"):
         job.simulate(workers=2)
+    # the lines up to the stop are kept: they show the loss going wrong
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert {row["rank"] for row in rows} == {0, 1} and len(rows) >= 2 * 11
 
 
 def test_environment_is_recorded(run):

@@ -42,7 +42,11 @@ def train(plan: Plan, transport: Transport) -> dict[str, Any] | None:
                           transport.world_size), optimizer=optimizer,
                       joining=getattr(transport, "joining", None) is not None)
     try:
-        return _Loop(plan, replica, optimizer).run()
+        loop = _Loop(plan, replica, optimizer)
+        try:
+            return loop.run()
+        finally:  # a simulated crash keeps its lines up to its crash, whatever the wall clock
+            loop.metrics.flush()
     finally:
         replica.close()
 

@@ -53,6 +53,9 @@ def test_survivors_carry_on_and_repeat_bitwise(case, digits, tmp_path):
     ranks_after = {json.loads(line)["rank"] for line in (first.run_dir / "metrics.jsonl").open()
                    if json.loads(line)["step"] > 110}
     assert ranks_after == {0, 1, 2, 4, 5, 7}
+    for worker in lost:  # a crashed worker's lines are kept up to its crash (not buffered away)
+        steps = [row["step"] for row in first.metrics() if row["rank"] == worker["worker"]]
+        assert steps == list(range(1, worker["step"] + 1)), (worker, steps[-3:])
     second = _simulate(digits, tmp_path / "b", **CASES[case])
     for name in FILES:
         assert (first.run_dir / name).read_bytes() == (second.run_dir / name).read_bytes(), name
