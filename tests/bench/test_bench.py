@@ -97,6 +97,25 @@ def test_an_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys):
                                        f"{a_file / 'cells'} (Not a directory)\n")
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--jobs", "0"], "--jobs 0: it must be 1 or more"),
+    (["--jobs", "-1"], "--jobs -1: it must be 1 or more"),
+    (["--max-cells", "-5"], "--max-cells -5: it must be 1 or more")])
+def test_bad_counts_are_one_line(tmp_path, capsys, flags, says):
+    assert main(["bench", str(_spec(tmp_path)), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
+
+def test_a_bench_does_not_write_into_a_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    assert main(["bench", str(_spec(tmp_path)), "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a run" in err and not (run / "cells").exists()
+
+
 @pytest.mark.multiproc
 def test_a_bench_runs_reports_and_resumes(tmp_path, capsys):
     spec, out = _spec(tmp_path, SPEC.replace('"dpsgd"]', '"dpsgd", "nosuch"]')), tmp_path / "b"

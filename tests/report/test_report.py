@@ -88,7 +88,7 @@ def test_what_is_not_a_run_is_one_line(tmp_path, capsys, make, says):
 @pytest.mark.parametrize("name, damage, says", [
     ("summary.json", lambda text: "{}", "not a fastsgd run summary (no strategy, compressor"),
     ("summary.json", lambda text: "[1, 2]", "a damaged file (a JSON list, not an object)"),
-    ("metrics.jsonl", lambda text: text[:-30], "line 120 is damaged (Unterminated string"),
+    ("metrics.jsonl", lambda text: text[:-30], "line 120 is damaged (Unterminated string starting at column "),
     ("metrics.jsonl", lambda text: text + "\n[1]\n", "line 122 is not a fastsgd record (a JSON "
      "list, not an object)"),
     ("metrics.jsonl", lambda text: '{"step": 1, "forward": true}\n' + text,
@@ -154,3 +154,18 @@ def test_repeats_are_runs_of_one_job_in_one_mode(bench):
     assert [r["seeds"] for r in over_seeds([run, other_seed])] == [2]
     real = replace(other_seed, summary={**run.summary, "mode": "real"})
     assert over_seeds([run, real]) == []  # a simulation and a real run are not repeats
+
+
+def test_a_run_given_twice_is_one_run_and_one_seed_is_not_a_spread(bench):
+    from dataclasses import replace
+
+    from fastsgd.report.runs import find_runs
+    from fastsgd.report.table import over_seeds
+
+    runs = find_runs([bench / "two", f"{bench / 'two'}/", bench / "." / "two"])
+    assert len(runs) == 1
+    run = runs[0]
+    again = replace(run, path=run.path.with_name("copy"))  # the same seed, another folder
+    assert over_seeds([run, again]) == []
+    other_seed = replace(run, config={**run.config, "run": {**run.config["run"], "seed": 9}})
+    assert [r["seeds"] for r in over_seeds([run, again, other_seed])] == [2]

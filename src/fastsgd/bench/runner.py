@@ -26,6 +26,7 @@ from fastsgd.metrics import write_json
 from fastsgd.progress import Progress
 from fastsgd.report import load_run, write_report
 from fastsgd.report.runs import LABELS
+from fastsgd.rundir import holds_run
 
 MAX_CELLS = 64
 ERROR_LINES = 5  # of a failed cell's stderr, in the bench's own output
@@ -41,12 +42,22 @@ def plan(spec: str | Path, out: str | Path | None, max_cells: int, yes: bool
     return Path(out) if out else Path("bench") / Path(spec).stem, matrix
 
 
+def _cells(n: int) -> str:
+    return f"{n} cell" if n == 1 else f"{n} cells"
+
+
 def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
               max_cells: int = MAX_CELLS, yes: bool = False, quiet: bool = False,
               ray_address: str | None = None) -> int:
     """Run every cell not yet done, here (`jobs` at a time) or as tasks of the Ray cluster
     at `ray_address` (as many at a time as it schedules); returns how many failed."""
+    for flag, value in (("--jobs", jobs), ("--max-cells", max_cells)):
+        if value < 1:
+            raise UserError(f"{flag} {value}: it must be 1 or more")
     root, matrix = plan(spec, out, max_cells, yes)
+    if holds_run(root):
+        raise UserError(f"--out {root}: that folder holds a run (its config.toml, metrics...); "
+                        "a bench needs a folder of its own")
     ray = connect(ray_address) if ray_address else None
     if ray is None and any(c.mode == "hosts" and not done(root, c) for c in matrix):
         try:  # before any cell runs: this machine must be able to make namespaces
@@ -58,9 +69,9 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
     known = json.loads(labels.read_text()) if labels.is_file() else {}
     write_json(labels, {**known, **{c.id: c.label for c in matrix}})
     todo = [c for c in matrix if not done(root, c)]
-    jobs = max(1, len(todo)) if ray else max(1, jobs)
+    jobs = max(1, len(todo)) if ray else max(1, min(jobs, len(todo)))
     where = f"on the Ray cluster {ray_address}" if ray else f"{jobs} at a time"
-    print(f"bench {spec}: {len(matrix)} cells, {len(matrix) - len(todo)} done before, "
+    print(f"bench {spec}: {_cells(len(matrix))}, {len(matrix) - len(todo)} done before, "
           f"{len(todo)} to run, {where}, in {root}", file=sys.stderr)
     try:
         failed = _run_all(root, todo, jobs, ray, quiet)

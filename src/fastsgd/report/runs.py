@@ -121,7 +121,9 @@ def _records(path: Path) -> list[dict[str, Any]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise UserError(f"{path}: line {number} is damaged ({e.msg})") from None
+            at = " " if e.msg.endswith(" at") else ", at "  # "Unterminated string starting at"
+            raise UserError(f"{path}: line {number} is damaged ({e.msg}{at}column "
+                            f"{e.colno})") from None
         if not isinstance(record, dict):
             raise UserError(f"{path}: line {number} is not a fastsgd record (a JSON "
                             f"{type(record).__name__}, not an object)")
@@ -166,4 +168,5 @@ def find_runs(paths: list[str | Path]) -> list[RunData]:
         if not found:
             raise UserError(f"{given}: no run directory in it (none holds a summary.json)")
         runs.extend(load_run(p) for p in found)
-    return runs
+    once = {r.path.resolve(): r for r in reversed(runs)}  # given twice: r1 and ./r1/, or
+    return [r for r in runs if once[r.path.resolve()] is r]  # alone and in its bench

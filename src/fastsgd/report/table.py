@@ -119,12 +119,14 @@ SEED_COLUMNS = ("cell", "seeds", "target", "accuracy_mean", "accuracy_sd", "time
 
 def over_seeds(runs: list[RunData]) -> list[dict[str, Any]]:
     """One row per job run with several seeds: the spread of its final accuracy and its
-    MLPerf-scored time and epochs to target."""
-    groups: dict[str, list[RunData]] = {}
+    MLPerf-scored time and epochs to target. One run per seed (the first given): two runs
+    of one seed are not two samples of it."""
+    groups: dict[str, dict[Any, RunData]] = {}
     for r in runs:
-        groups.setdefault(job_key(r, ("out", "seed")), []).append(r)
+        seed = r.config.get("run", {}).get("seed")
+        groups.setdefault(job_key(r, ("out", "seed")), {}).setdefault(seed, r)
     out = []
-    for group in (g for g in groups.values() if len(g) > 1):
+    for group in (list(g.values()) for g in groups.values() if len(g) > 1):
         # null: a run whose model diverged (results.number)
         accuracy = [a for r in group if (a := r.summary["final_accuracy"]) is not None]
         out.append({
