@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one key, e.g. --set run.workers=8 (repeatable)")
         p.add_argument("--overwrite", action="store_true",
-                       help="write into run.out even if it holds a run (default: a new folder)")
+                       help="write into run.out even if it holds a run (default: a new "
+                            "folder, unless --set run.out names it)")
         if name != "demo":
             p.add_argument("--resume", metavar="RUN_DIR",
                            help="continue RUN_DIR from its newest checkpoint "
