@@ -1,9 +1,17 @@
 """`fastsgd pack train.py`: an error in importing the user's script is one line that names
-the script and its own line, with exit code 2."""
+the script and its own line, with exit code 2; the script runs as `python train.py` would
+(its argv), and `--set` changes its job as it changes a config file's."""
+
+import json
+import sys
+import zipfile
 
 import pytest
 
+from fastsgd import config as cfg
 from fastsgd.cli import main
+from fastsgd.errors import UserError
+from fastsgd.pack.source import job_from_script
 
 
 @pytest.mark.parametrize("text, says", [
@@ -34,3 +42,65 @@ def test_what_cannot_be_packed_is_named(tmp_path, monkeypatch, capsys, source, s
     (tmp_path / "job.fsj").write_bytes(b"PK")
     assert main(["pack", source]) == 2
     assert capsys.readouterr().err == f"fastsgd: error: {says}\n"
+
+
+JOB = ('import fastsgd as fs\n'
+       'job = fs.Job(model="mlp", data="synthetic", options={"run.workers": 2})\n')
+
+
+@pytest.mark.parametrize("strategy", ["dpsgd", "sgp", "localsgd", "ddp"])
+def test_set_strategy_name_drops_the_old_strategys_keys(tmp_path, strategy):
+    """As `--set` on a config file: the script's allreduce keys (bucket_mb, keep_residual)
+    configured allreduce, and the new strategy starts from its own defaults."""
+    script = tmp_path / "train.py"
+    script.write_text(JOB)
+    job = job_from_script(script, None, {"strategy.name": strategy})
+    assert job.config["strategy"] == cfg.load(None, [f"strategy.name={strategy}"])["strategy"]
+
+
+def test_a_script_packed_with_another_strategy_carries_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(JOB)
+    assert main(["pack", "train.py", "--set", "strategy.name=dpsgd", "--out", "x.fsj"]) == 0
+    assert "fastsgd run x.fsj" in capsys.readouterr().out
+    with zipfile.ZipFile(tmp_path / "x.fsj") as z:
+        strategy = json.loads(z.read("manifest.json"))["config"]["strategy"]
+    assert strategy == cfg.load(None, ["strategy.name=dpsgd"])["strategy"]
+
+
+ARGPARSE = ('import argparse, sys\n'
+            'import fastsgd as fs\n'
+            'open(sys.argv[0] + ".argv", "w").write(repr(sys.argv))\n'
+            'p = argparse.ArgumentParser()\n'
+            'p.add_argument("--lr", type=float, default=0.1)\n'
+            'args = p.parse_args()\n'
+            'job = fs.Job(model="mlp", data="synthetic", options={"optimizer.lr": args.lr})\n')
+
+
+def test_the_script_sees_the_argv_python_would_give_it(tmp_path, monkeypatch):
+    """A module-level argparse parses [script], not fastsgd's own arguments; sys.argv is
+    fastsgd's again afterwards, also where the script fails."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "argp.py").write_text(ARGPARSE)
+    argv = ["fastsgd", "pack", "argp.py", "--out", "argp.fsj"]
+    monkeypatch.setattr(sys, "argv", list(argv))
+    job = job_from_script("argp.py", None, {})
+    assert job.config["optimizer"]["lr"] == 0.1
+    assert (tmp_path / "argp.py.argv").read_text() == repr(["argp.py"])
+    assert sys.argv == argv
+    (tmp_path / "fails.py").write_text("raise RuntimeError('no')\n")
+    with pytest.raises(UserError):
+        job_from_script("fails.py", None, {})
+    assert sys.argv == argv
+
+
+def test_the_users_optimizer_is_named_by_the_script_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "customopt.py").write_text(
+        "import torch\nimport fastsgd as fs\nclass MyOpt(torch.optim.SGD):\n    pass\n"
+        "job = fs.Job(model='mlp', data='synthetic', optimizer=lambda p: MyOpt(p, lr=0.1))\n")
+    assert main(["pack", "customopt.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastsgd: error: optimizer.name = 'customopt.py:MyOpt' is the user's "
+                          "Python code") and err.count("\n") == 1, err
+    assert not (tmp_path / "customopt.fsj").exists()

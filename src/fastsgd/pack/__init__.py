@@ -29,6 +29,7 @@ __all__ = ["Archive", "PackedFactory", "PackedModel", "archive_config", "check_c
            "read_archive", "versions"]
 
 PACKED = "packed"  # model.name and model.step of a packed job
+ARCHIVE_SUFFIX = ".fsj"  # the name of a job archive ends in it (fastsgd run reads it as one)
 BUILTIN_NAMES = {"optimizer.name": ("sgd", "adam"), "model.evaluate": ("accuracy",)}
 
 
@@ -43,6 +44,7 @@ def pack(config: dict[str, Any], make_model: Callable[[], torch.nn.Module], step
     """Write the job to `out` (an .fsj archive) and return its path. The model is built as
     a worker builds it (torch.manual_seed(run.seed), then make_model()), so the archive's
     initial parameters are the ones the source job starts from."""
+    path = archive_path(out, config)
     packed = packed_config(config)
     torch.manual_seed(config["run"]["seed"])
     model = make_model()
@@ -61,10 +63,31 @@ def pack(config: dict[str, Any], make_model: Callable[[], torch.nn.Module], step
     tensors = {"parameters": [(k, p) for k, p in model.named_parameters()],
                "buffers": [(k, b) for k, b in model.named_buffers()],
                "rng": [("cpu", rng)]}
-    path = Path(out)
     write_archive(path, packed, signature(dataset, output),
                   {"loss.pt2": loss, "forward.pt2": forward}, tensors, versions())
     return path
+
+
+def archive_path(out: str | Path, config: dict[str, Any]) -> Path:
+    """`out` if an archive may be written there: its name ends in .fsj, the one suffix
+    `fastsgd run` reads as an archive (a script or config of that name would be overwritten),
+    and it is not the archive the job's model comes from (model.packed)."""
+    path = Path(out)
+    if path.suffix != ARCHIVE_SUFFIX:
+        raise UserError(f"{out}: a job archive's name ends in {ARCHIVE_SUFFIX}, which fastsgd "
+                        f"run reads as one; write e.g. {_suggested(path)}")
+    source = config["model"]["packed"]
+    if source and path.exists() and Path(source).exists() and path.samefile(source):
+        raise UserError(f"{out} is model.packed, the archive this job's model comes from; "
+                        "write the new one to another file")
+    return path
+
+
+def _suggested(path: Path) -> Path:
+    if path.is_dir() or not path.name:
+        return path / f"job{ARCHIVE_SUFFIX}"
+    stem = path.stem if path.stem and not path.stem.startswith(".") else "job"
+    return path.with_name(stem + ARCHIVE_SUFFIX)
 
 
 def packed_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ def job_from_script(script: str | Path, name: str | None,
     path = Path(script).resolve()
     if not path.is_file():
         raise UserError(f"{script}: no such file")
-    module = _import(path)
+    module = _import(path, str(script))
     jobs = {k: v for k, v in vars(module).items() if isinstance(v, Job)}
     if name is not None:
         if name not in jobs:
@@ -55,24 +57,38 @@ def job_from_script(script: str | Path, name: str | None,
     if held:
         raise UserError(f"--set {held[0]}: the job in {script} holds its model and step; "
                         "change them there, or pack a TOML config")
-    if overrides:
-        job.config = cfg.validate(cfg.merged(job.config, **_sections(overrides)))
+    if overrides:  # as `--set` on a config file: another strategy drops the old one's keys
+        job.config = cfg.validate(cfg.with_options(job.config, overrides, str(script)))
     return job
 
 
-def _import(path: Path) -> Any:
+def _import(path: Path, argv0: str) -> Any:
+    """The script as a module named by its file (`train.py`, so that what errors name of it,
+    `train.py:MyOptimizer`, points at the file), its argv the one `python train.py` gives."""
     sys.path.insert(0, str(path.parent))  # the script's own modules, as `python train.py`
-    spec = importlib.util.spec_from_file_location(f"_fastsgd_pack_{path.stem}", path)
+    spec = importlib.util.spec_from_file_location(path.name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     try:
-        spec.loader.exec_module(module)
+        with _argv(argv0):
+            spec.loader.exec_module(module)
     except UserError:
         raise
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the script's own error, any kind
         raise _script_error(path, e) from None
     return module
+
+
+@contextmanager
+def _argv(argv0: str) -> Iterator[None]:
+    """sys.argv is [argv0] meanwhile (a module-level argparse parses no fastsgd arguments)."""
+    saved = sys.argv
+    sys.argv = [argv0]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 def _script_error(path: Path, e: BaseException) -> UserError:
@@ -85,10 +101,3 @@ def _script_error(path: Path, e: BaseException) -> UserError:
     said = (str(e).strip().splitlines() or [""])[0]
     return UserError(f"{path}{where}: {type(e).__name__}: {said}")
 
-
-def _sections(overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    sections: dict[str, dict[str, Any]] = {}
-    for key, value in overrides.items():
-        section, _, name = key.partition(".")
-        sections.setdefault(section, {})[name] = value
-    return sections
