@@ -80,8 +80,7 @@ def test_deferred_work_is_done_before_the_workers_next_compute_and_meanwhile_it_
         user.defer(lambda: (gate.wait(30), done.set()))
         went_on.append(done.is_set())  # the worker went on while its lane mixed
         gate.set()
-        seen = user.offload(lambda charged: done.is_set(), lambda: None, lambda: None,
-                            lambda tensor, average: None)
+        seen = user.offload(lambda charged: done.is_set(), lambda: None, lambda: None, [])
         assert went_on == [False] and seen  # on the other lane, it waited all the same
         assert user.pending is None
     finally:
@@ -101,9 +100,9 @@ def test_no_more_than_ahead_computations_are_out_the_next_is_done_in_place():
             started.wait()
             second.offload(lambda charged: threads.setdefault("second",
                                                               threading.current_thread()),
-                           lambda: None, lambda: None, lambda tensor, average: None)
+                           lambda: None, lambda: None, [])
 
-        first.offload(first_work, lambda: None, other_worker_runs, lambda tensor, average: None)
+        first.offload(first_work, lambda: None, other_worker_runs, [])
         assert threads["first"] is not threading.current_thread()
         assert threads["second"] is threading.current_thread()  # no lane would start it
         assert lanes.held == 0

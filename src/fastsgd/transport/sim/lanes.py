@@ -14,12 +14,12 @@ The run stays bitwise what it is without lanes (`compute.lanes = 0`), whatever t
 load: a worker calls the scheduler in the same order either way (transport.py, `offload`),
 every lane computes on one intra-op thread as the scheduler does, with the same kernels, and
 what a worker's backward hooks ask of the transport (allreduce's buckets, launched during
-backward) is replayed on the scheduler's thread in the order they asked, at the time they
-would have asked. Three things would make the order of computing matter, so a run with
-any of them gets no lanes (`job.py`): a step that draws from torch's global random
-generator (dropout: the draws would interleave), workers that share their parameters
-(hogwild: one's update would race another's forward), and measured compute (the wall time
-is the charge).
+backward) is recorded, with or without lanes, and started on the scheduler's thread in the
+order they asked, as the worker is charged its backward (SimTransport.compute). Three
+things would make the order of computing matter, so a run with any of them gets no lanes
+(`job.py`): a step that draws from torch's global random generator (dropout: the draws
+would interleave), workers that share their parameters (hogwild: one's update would race
+another's forward), and measured compute (the wall time is the charge).
 
 A strategy's own passes over the model (a gossip mix) run on the scheduler's thread
 between transport calls, and at hundreds of workers they were most of its time. What only
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-Replay = Callable[[torch.Tensor, bool], Any]  # an all-reduce asked on a lane: its handle
+Asked = tuple[torch.Tensor, bool, "Deferred"]  # an all-reduce asked: tensor, average, handle
 
 
 def cores() -> int:
@@ -170,15 +170,28 @@ class Lanes:
 
 
 class Deferred:
-    """The handle of an all-reduce asked for on a compute lane (a backward hook): the
-    collective itself starts when the worker's offload replays it."""
+    """The handle of an all-reduce asked during offloaded compute (a backward hook): the
+    collective itself starts when the worker is charged its backward (SimTransport.compute)."""
 
     def __init__(self) -> None:
         self.handle: Any = None
 
     def wait(self) -> None:
-        assert self.handle is not None, "an all-reduce of a compute lane waited before replay"
+        assert self.handle is not None, "waited for before the worker's backward started it"
         self.handle.wait()
+
+
+def start_points(asked: list[Asked], backward: int) -> list[int]:
+    """When each all-reduce `asked` during a backward of `backward` ns starts, in ns into it.
+    Backward makes allreduce's buckets one after another, so with sizes S_0, S_1, ... bucket
+    i is ready once (S_0 + ... + S_i) / (S_0 + S_1 + ...) of it is done (the last one as it
+    ends): sizes are the measure of its progress that the simulator has."""
+    sizes = [t.numel() * t.element_size() for t, _, _ in asked]
+    total, made, points = sum(sizes), 0, []
+    for size in sizes:
+        made += size
+        points.append(backward * made // total if total else backward)
+    return points
 
 
 def _after(prior: Task | None, work: Callable[[], Any]) -> Any:
@@ -190,27 +203,36 @@ def _after(prior: Task | None, work: Callable[[], Any]) -> Any:
 
 class LaneUser:
     """One simulated worker's use of the lanes (None: no lanes, all is done in place).
-    `asked` records what its work on a lane asks of the transport (SimTransport.all_reduce);
+    `asked` records what its offloaded work asks of the transport (SimTransport.all_reduce);
     `pending` is its deferred work, which its next offloaded work waits for. A worker's
     offloads alternate: forward + backward make its gradients (heavy), the update after
     them frees them."""
 
     def __init__(self, lanes: Lanes | None):
         self.lanes = lanes
-        self.asked: list[tuple[torch.Tensor, bool, Deferred]] | None = None
+        self.asked: list[Asked] | None = None
         self.pending: Task | None = None
         self.holding = False  # took a heavy result; its next offload frees it
 
     def offload(self, work: Callable[[Callable[[], None]], Any], charge: Callable[[], None],
-                sleep: Callable[[], None], replay: Replay) -> Any:
+                sleep: Callable[[], None], asked: list[Asked] | None = None) -> Any:
         """`work(charged)` (Transport.offload); `sleep()` lets the others run till the
-        worker's clock; `replay` asks for what `work` asked for on its lane, in order."""
-        lanes = self.lanes
-        if lanes is None:
-            return work(lambda: (charge(), sleep()))
+        worker's clock. The asynchronous all-reduces `work` asks for are appended to
+        `asked`, for the worker to start later; None: they start when asked (measured
+        compute, which gets no lanes: work on a lane must not call the scheduler)."""
+        assert asked is not None or self.lanes is None, "a lane's work must record"
+        self.asked = asked
+        try:
+            if self.lanes is None:
+                return work(lambda: (charge(), sleep()))
+            return self._on_lane(self.lanes, work, charge, sleep)
+        finally:
+            self.asked = None
+
+    def _on_lane(self, lanes: Lanes, work: Callable[[Callable[[], None]], Any],
+                 charge: Callable[[], None], sleep: Callable[[], None]) -> Any:
         heavy = not self.holding
         prior, self.pending = self.pending, None
-        self.asked = []
         task = lanes.submit(lambda: _after(prior, lambda: work(lambda: None)), heavy)
         try:
             charge()
@@ -219,12 +241,9 @@ class LaneUser:
             try:
                 result = task.result()
             finally:
-                asked, self.asked = self.asked, None
                 if heavy:
                     lanes.taken()
         self.holding = heavy
-        for tensor, average, deferred in asked:
-            deferred.handle = replay(tensor, average)
         return result
 
     def defer(self, work: Callable[[], None]) -> None:

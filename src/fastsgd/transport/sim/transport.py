@@ -28,7 +28,7 @@ from fastsgd.transport.frames import frame_bytes
 from fastsgd.transport.sim.fabric import SimFabric
 from fastsgd.transport.sim.faults import Crashed
 from fastsgd.transport.sim.handles import LeftUplink, SimHandle, sole_user
-from fastsgd.transport.sim.lanes import Deferred, LaneUser
+from fastsgd.transport.sim.lanes import Asked, Deferred, LaneUser, start_points
 from fastsgd.transport.sim.members import SimMembers
 
 
@@ -51,6 +51,8 @@ class SimTransport(SimMembers):
         self.bytes_received = 0
         self._seq = 0
         self.lane = LaneUser(fabric.lanes)
+        self._asked: list[Asked] = []  # all-reduces asked in forward + backward, not started
+        self._backward_next = False  # the offload in progress charged a forward
 
     def _collective(self, tensor: torch.Tensor, kind: str, size: int, combine: str | int,
                     out: torch.Tensor | None, average: bool = False) -> SimHandle:
@@ -65,29 +67,41 @@ class SimTransport(SimMembers):
 
     def all_reduce(self, tensor: torch.Tensor, async_op: bool = False,
                    average: bool = False) -> Handle:
-        if self.lane.asked is not None:  # from this worker's compute lane: replayed in offload
-            if not async_op:
+        asked = self.lane.asked
+        if asked is not None:  # during offloaded compute: started by compute("backward")
+            if async_op:
+                deferred = Deferred()
+                asked.append((tensor, average, deferred))
+                return deferred
+            if self.lane.lanes is not None:
                 raise RuntimeError("a blocking all-reduce during a simulated worker's "
-                                   "backward: only asynchronous ones can be replayed")
-            deferred = Deferred()
-            self.lane.asked.append((tensor, average, deferred))
-            return deferred
-        size, n = nbytes(tensor), self.world_size
+                                   "backward: only asynchronous ones can be recorded")
+            self._asked += asked  # without lanes: those asked before it start first, now
+            asked.clear()
+            self._start_asked()
+        return self._all_reduce(tensor, async_op, average)
+
+    def _all_reduce(self, tensor: torch.Tensor, async_op: bool, average: bool) -> SimHandle:
+        size, n = nbytes(tensor), self._taking_part()
         self._count(ring_allreduce_bytes(size, n), ring_allreduce_bytes(size, n))
         handle = self._collective(tensor, "allreduce", size, "sum", tensor, average)
         if not async_op:
             handle.wait()
         return handle
 
+    def _taking_part(self) -> int:
+        """Workers a collective runs among, as fabric.price counts them: all but the lost."""
+        return self.world_size - len(self.fabric.membership.known)
+
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        size, n = nbytes(tensor), self.world_size
+        size, n = nbytes(tensor), self._taking_part()
         self._count(ring_allgather_bytes(size, n), ring_allgather_bytes(size, n))
         handle = self._collective(tensor, "allgather", size, "gather", None)
         handle.wait()
         return list(handle._op.result.unbind(0))
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
-        size, n = nbytes(tensor), self.world_size
+        size, n = nbytes(tensor), self._taking_part()
         self._count(tree_broadcast_bytes(size, n, self.rank, src), 0 if self.rank == src else size)
         self._collective(tensor, "broadcast", size, src, tensor).wait()
 
@@ -230,10 +244,11 @@ class SimTransport(SimMembers):
         self.scheduler.workers[self.rank].clock = ns
 
     def compute(self, phase: str, step: int) -> None:
-        """Charge the compute model's time for `phase` of `step` (see compute.py)."""
+        """Charge the compute model's time for `phase` of `step` (compute.py; `_start_asked`)."""
         model, rank = self.fabric.compute, self.rank
         now = self.scheduler.now(rank)
         self._step = step
+        self._backward_next |= phase == "forward"
         if phase == "update" and self.fabric.membership.crash_due(rank, now, step):
             self.fabric.crash(rank, step)  # after its optimizer step, before it exchanges
             raise Crashed()
@@ -241,21 +256,42 @@ class SimTransport(SimMembers):
             self.scheduler.set_wall_factor(rank, model.factor(rank, step, now))
             return
         start = model.available_ns(rank, now)
-        self.scheduler.charge(rank, start - now + model.phase_ns(phase, rank, step, start))
+        self.scheduler.charge(rank, start - now)
+        ns = model.phase_ns(phase, rank, step, start)
+        self.scheduler.charge(rank, ns - (self._start_asked(ns) if phase == "backward" else 0))
         if phase == "update":  # once a step: workers that never talk (hogwild) interleave
             self.scheduler.yield_(rank)
+
+    def _start_asked(self, backward: int = 0) -> int:
+        """Start the all-reduces asked in forward + backward, in order, each once the part of
+        the `backward` ns that made its tensor is charged (lanes.start_points); the ns charged.
+        Hooks run with the clock at the forward's end (or on a lane): started there, buckets
+        reached the network before backward had made them."""
+        asked, self._asked = self._asked, []
+        charged = 0
+        for (tensor, average, deferred), point in zip(asked, start_points(asked, backward)):
+            self.scheduler.charge(self.rank, point - charged)
+            charged = point
+            deferred.handle = self._all_reduce(tensor, True, average)
+        return charged
 
     def offload(self, work: Callable[[Callable[[], None]], Any],
                 charge: Callable[[], None]) -> Any:
         """`work(charged)`: compute that calls `charged()` once, after its part that `charge`
         prices (the forward of forward + backward; the whole optimizer step); its result.
-        The worker then sleeps until its clock, so that the others run meanwhile. With
-        compute lanes (lanes.py) `work` runs on one while the scheduler goes on, and what
-        it asked of this transport (backward hooks' all-reduces) is replayed here once it is
-        done: the scheduler sees the same calls in the same order either way."""
-        return self.lane.offload(
-            work, charge, lambda: self.scheduler.yield_(self.rank),
-            lambda tensor, average: self.all_reduce(tensor, async_op=True, average=average))
+        The worker then sleeps until its clock, so that the others run meanwhile; with
+        compute lanes (lanes.py) `work` runs on one. With modeled compute the async
+        all-reduces `work` asks for (backward hooks') are recorded, lanes or not, and
+        `compute("backward")` starts them (at once if no forward was charged: no backward
+        follows); measured compute starts them when asked, at the wall-clock point."""
+        asked: list[Asked] | None = [] if self.fabric.compute.deterministic else None
+        self._backward_next = False
+        result = self.lane.offload(work, charge, lambda: self.scheduler.yield_(self.rank),
+                                   asked)
+        self._asked += asked or []
+        if not self._backward_next:  # no backward follows (an update)
+            self._start_asked()
+        return result
 
     def defer(self, work: Callable[[], None]) -> None:
         """On a compute lane if there are lanes, done before this worker's next offloaded
