@@ -76,3 +76,77 @@ def test_a_worker_whose_step_fails_ends_the_run_at_once(tmp_path, strategy):
     with pytest.raises(WorkerFailed, match="^worker 1 failed: ValueError: the user's step"):
         job.run()
     assert time.monotonic() - began < 20
+
+
+SIM = {**SMALL, "run.steps": 6, "run.eval_every": 0, "data.batch_size": 16}
+FIXED = {"compute.model": "fixed", "compute.step_time": "3ms"}
+
+
+def _same_run(a, b):
+    assert a.summary["simulated_time"] == b.summary["simulated_time"]
+    for name in ("model.pt", "metrics.jsonl"):
+        assert (a.run_dir / name).read_bytes() == (b.run_dir / name).read_bytes(), name
+
+
+def test_objects_given_to_simulate_are_recorded_and_repeat(tmp_path):
+    """A Network and a ComputeModel given to Job.simulate are written into config.toml as
+    their keys (seeds other than the run's too), so the file repeats the run."""
+    from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network
+
+    net = Network.parse("1Mbit", "20ms", jitter="1ms", loss=0.05, seed=7,
+                        bandwidths={"1": "300kbit"})
+    spread = Heterogeneity((1, 2), straggler_prob=0.2, straggler_factor=3, sigma=0.3, seed=5)
+    compute = ComputeModel("fixed", {"forward": 1_000_000, "backward": 2_000_001,
+                                     "update": 50_000}, 3e9, spread)
+    first = Job(options={**SIM, "run.out": str(tmp_path / "a")}, quiet=True).simulate(
+        network=net, compute=compute)
+    written = cfg.load(first.run_dir / "config.toml")
+    assert (written["network"]["bandwidth"], written["network"]["latency"],
+            written["network"]["seed"]) == ("1Mbit", "20ms", 7)
+    assert (written["compute"]["model"], written["compute"]["backward"],
+            written["compute"]["seed"]) == ("fixed", "2000001ns", 5)
+    again = Job(config=first.run_dir / "config.toml", options={"run.out": str(tmp_path / "b")},
+                quiet=True).simulate()
+    _same_run(first, again)
+
+
+@pytest.mark.parametrize("given, culprit", [
+    ("profile", r"^Job.simulate\(compute=ComputeModel\('profile', ...\)\): give 'fixed'"),
+    ("trace", r"^Job.simulate\(compute=ComputeModel\(...\)\): its trace cannot be written"),
+    ("network", r"^Job.simulate\(network=Network\(...\)\): network.bandwidth must be"),
+    ("slowdown", r"^Job.simulate\(compute=ComputeModel\(...\)\): compute.slowdown must be"),
+])
+def test_objects_that_cannot_be_written_as_keys_are_refused(given, culprit, tmp_path):
+    from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, Trace
+    from fastsgd.transport.sim.trace import Window
+
+    times = {"forward": 1000, "backward": 2000}
+    path = tmp_path / "t.csv"
+    path.write_text("rank,start,end,speed,bandwidth\n0,0s,,1,\n1,0s,,1,\n")
+    windows = {r: (Window(0, 10 ** 9, 1.0, None),) for r in (0, 1)}  # not the file's
+    objects = {"profile": {"compute": ComputeModel("profile", times)},
+               "trace": {"compute": ComputeModel("fixed", times, trace=Trace(str(path),
+                                                                               windows))},
+               "network": {"network": Network(bandwidth=0.0)},
+               "slowdown": {"compute": ComputeModel(spread=Heterogeneity((0.5,)))}}[given]
+    job = Job(options={**SIM, **FIXED, "run.out": str(tmp_path / "run")}, quiet=True)
+    with pytest.raises(ConfigError, match=culprit):
+        job.simulate(**objects)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_relative_trace_is_recorded_absolute(tmp_path, monkeypatch):
+    """Read from the working directory, as data.path is; config.toml repeats the run from
+    anywhere."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "ok.csv").write_text("rank,start,end,speed,bandwidth\n"
+                                             "0,0s,,1,\n1,0s,,0.5,\n")
+    monkeypatch.chdir(tmp_path / "here")
+    first = Job(options={**SIM, **FIXED, "compute.trace": "ok.csv",
+                         "run.out": str(tmp_path / "a")}, quiet=True).simulate()
+    written = cfg.load(first.run_dir / "config.toml")["compute"]["trace"]
+    assert written == str(tmp_path / "here" / "ok.csv")
+    monkeypatch.chdir(tmp_path)
+    again = Job(config=first.run_dir / "config.toml", options={"run.out": str(tmp_path / "b")},
+                quiet=True).simulate()
+    _same_run(first, again)

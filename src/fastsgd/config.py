@@ -64,6 +64,15 @@ def _time(doc: str, default: str = "") -> Option:
     return Option(str, default, time_check, doc)
 
 
+def _seed_or_run(v: int) -> str | None:
+    return None if v == -1 or SEEDS(v) is None else "must be -1 (run.seed) or 0 to 2**63 - 1"
+
+
+def _profiled(values: dict) -> str | None:
+    ok = all(isinstance(v, (str, int, float, bool, list)) for v in values.values())
+    return None if ok else "must be a table of what profile measured for (profile writes it)"
+
+
 def _optimizer_name(name: str) -> str | None:
     return None if name in ("sgd", "adam") or is_import_path(name) else \
         "must be sgd, adam or an import path module:Class"
@@ -145,16 +154,24 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "straggler_prob": Option(float, 0.0, _below_one, "chance a worker's step is slow"),
         "straggler_factor": Option(float, 4.0, between(1, MAX_FACTOR),
                                    "how much slower that step is"),
-        "sigma": Option(float, 0.0, between(0, 10), "log-normal noise on every step's compute "
-                        "(0 to 10)"),
+        # at most 2: the noise's median is exp(-sigma^2/2), 0.14 at 2 (one phase in 1000 at
+        # 65x the mean; coefficient of variation 7), at 10 e^-50: every phase rounded to 0 ns
+        "sigma": Option(float, 0.0, between(0, 2), "log-normal noise on every step's compute "
+                        "(0 to 2)"),
+        "seed": Option(int, -1, _seed_or_run, "seed of the stragglers' and the noise's draws; "
+                       "-1: run.seed"),
         "trace": Option(str, "", doc="CSV: each worker's windows, speed, bandwidth"),
         "lanes": Option(int, -1, at_least(-1), "simulator: threads that compute workers' "
                         "steps beside its scheduler, same results (-1: one per core)"),
+        "profiled": Option(dict, {}, _profiled, "written by profile: what its times were "
+                           "measured for, and the times (another job profiles again)"),
     },
     "network": {  # the simulated network (docs/simulator.md)
         "bandwidth": Option(str, "10Gbit", bandwidth_check, "each worker's NIC, each way"),
         "latency": _time("per-message latency between nodes", "50us"),
         "jitter": _time("extra random delay per message, up to e.g. 5ms", "0s"),
+        "seed": Option(int, -1, _seed_or_run, "seed of the jitter's and the loss's draws; "
+                       "-1: run.seed"),
         "workers_per_node": Option(int, 1, at_least(1), "workers sharing a node"),
         "intra_bandwidth": Option(str, "100Gbit", bandwidth_check, "between workers of a node"),
         "intra_latency": _time("between workers of a node", "2us"),

@@ -34,7 +34,7 @@ from fastsgd.plan import EvalFn, Plan, StepFn, evaluate_classifier
 from fastsgd.processes import door_of, expendable, rejoin_steps, train_process
 from fastsgd.results import Result, result_of
 from fastsgd.rundir import agree, claim, default_out, dropped_if_empty, make_run_folder
-from fastsgd.simulation import check_compute, simulate_plan
+from fastsgd.simulation import prepared, simulate_plan
 from fastsgd.strategies import Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
 from fastsgd.supervise import supervise
@@ -161,15 +161,10 @@ class Job:
     def simulate(self, workers: int | None = None, network: Network | None = None,
                  compute: ComputeModel | None = None) -> Result:
         """Train `workers` logical workers in this process on a virtual clock and network.
-        The `[network]` and `[compute]` sections describe them, unless given here."""
-        config = self._with_workers(workers)
-        seed, n = config["run"]["seed"], config["run"]["workers"]
-        net = network or Network.parse(**config["network"], seed=seed)
-        net.check(n)
-        if compute is None:
-            check_compute(config["compute"], n, seed)
-        # before the run directory exists
-        faults = Faults.parse(config["faults"], n, config["run"]["rejoin"])
+        The `[network]` and `[compute]` sections describe them, unless given here (then
+        the run's config.toml records these as their keys)."""
+        config, net = prepared(self._with_workers(workers), network, compute)  # recorded
+        faults = Faults.parse(config["faults"], config["run"]["workers"], config["run"]["rejoin"])
         if config["run"]["join"]:
             raise ConfigError(NO_JOIN.format(where="the simulator", instead="run.rejoin = "
                                              "true starts new workers in lost ones' places"))
@@ -180,7 +175,7 @@ class Job:
         faults.check_run(strategy, self._codec(config), config)
         plan = self.plan(config, simulated=True)
         with dropped_if_empty(plan.run_dir, self._names_the_folder(config)):
-            simulate_plan(plan, compute, net, faults)
+            simulate_plan(plan, net, faults)
         return result_of(plan.run_dir)
 
     def _run_here(self) -> Result:

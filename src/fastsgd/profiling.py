@@ -4,13 +4,22 @@ The simulator then charges these fixed times, so a run repeats exactly; they are
 the run's config.toml, so `fastsgd simulate runs/X/config.toml` charges the same times
 without measuring again. Each time is the median of `repeat` iterations after `warmup`, on
 a throwaway copy of the model, with worker 0's batches.
+
+With the times, profile writes `compute.profiled`: what they were measured for (the keys
+that change them: the model, its step, its parameters' count and dtype, the input's shape,
+the batch size, the optimizer but its learning rate, the codec) and the times themselves.
+A config whose times were measured for another job (the same config.toml with another
+batch size or codec) is profiled again; another strategy, seed or number of workers keeps
+them (the profile runs none of these), so strategies are compared on the same times.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -18,13 +27,61 @@ from fastsgd.checked_step import StepChecks
 from fastsgd.plan import Plan
 from fastsgd.strategies.params import flatten
 from fastsgd.transport.base import Done
+from fastsgd.transport.sim.compute import TIMES
 from fastsgd.units import format_ns
 
-KEYS = ("forward", "backward", "update", "codec", "reduce_bandwidth")
+KEYS = (*TIMES, "profiled")  # what profile writes into [compute]
 
 
 def needs_profile(section: dict) -> bool:
-    return section["model"] == "profile" and not all(section[k] for k in KEYS)
+    return section["model"] == "profile" and not all(section[k] for k in TIMES)
+
+
+def profiled(plan: Plan) -> dict[str, Any]:
+    """The `[compute]` keys profile writes for `plan` (none where its times are there and
+    were measured for this job: a re-run repeats them exactly); says so in one line where
+    they were measured for another job."""
+    section = plan.config["compute"]
+    measured_for = fingerprint(plan)
+    if not needs_profile(section):
+        if not section["profiled"]:  # a config written before compute.profiled: as it is
+            return {}
+        changed = _difference(section["profiled"], measured_for)
+        if changed is None:
+            return {}
+        print(f"fastsgd: compute.profiled: the times were measured for {changed}; "
+              "profiling again", file=sys.stderr, flush=True)
+    times = profile(plan)
+    return {**times, "profiled": {**measured_for, **times}}
+
+
+def fingerprint(plan: Plan) -> dict[str, Any]:
+    """What the profiled times were measured for: the config keys and the model's
+    properties that change them (flat, as the keys are named)."""
+    config = plan.config
+    with torch.random.fork_rng(devices=[]):  # the run's random draws stay as they were
+        params = list(plan.make_model().parameters())
+    out: dict[str, Any] = {f"model.{k}": config["model"][k] for k in ("name", "step", "packed")}
+    out.update({"data.name": config["data"]["name"],
+                "data.batch_size": config["data"]["batch_size"],
+                "input_shape": list(plan.dataset.input_shape),
+                "parameters": sum(p.numel() for p in params),
+                "dtype": ",".join(sorted({str(p.dtype).removeprefix("torch.") for p in params}))})
+    for section in ("optimizer", "compression"):
+        out.update({f"{section}.{k}": v for k, v in config[section].items() if k != "lr"})
+    return out
+
+
+def _difference(written: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The first key of what the times were measured for that this run has otherwise."""
+    for key in [*now, *(k for k in written if k not in now and k not in TIMES)]:
+        if written.get(key) != now.get(key):
+            return f"{key} = {_shown(written.get(key))}, this run has {_shown(now.get(key))}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    return "nothing" if value is None else repr(value)
 
 
 def profile(plan: Plan, warmup: int = 3, repeat: int = 10) -> dict[str, str]:

@@ -1,39 +1,80 @@
 """The simulator's side of Job.simulate: the compute model, the compute lanes, and the
-simulated run itself (see transport/sim/)."""
+simulated run itself (see transport/sim/). What runs is what the run's config.toml says:
+a Network or ComputeModel given to Job.simulate is written into it as its keys."""
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from fastsgd import config as cfg
 from fastsgd import interrupt
 from fastsgd.checked_step import StepChecks
-from fastsgd.errors import Interrupted
+from fastsgd.errors import ConfigError, Interrupted
 from fastsgd.observe import EvalLog, Observer
 from fastsgd.plan import Plan
-from fastsgd.profiling import needs_profile, profile
+from fastsgd.profiling import needs_profile, profiled
 from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
-from fastsgd.transport.sim.compute import compute_model
+from fastsgd.transport.sim.compute import PHASES, check_times, compute_model
 from fastsgd.transport.sim.lanes import ahead_for, cores, draws_random
+from fastsgd.units import format_ns, parse_bandwidth, parse_seconds
 from fastsgd.worker import train
+
+SECONDS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+BANDWIDTHS = (("Tbit", 1e12 / 8), ("Gbit", 1e9 / 8), ("Mbit", 1e6 / 8), ("kbit", 1e3 / 8),
+              ("bit", 1 / 8), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1))
+
+
+def prepared(config: dict, network: Network | None,
+             compute: ComputeModel | None) -> tuple[dict, Network]:
+    """The config a simulation runs and its config.toml records, and the network it says:
+    objects given to Job.simulate written as their keys (one line where one cannot be),
+    compute.trace made absolute. Bad input fails here, before the run directory exists."""
+    seed, n = config["run"]["seed"], config["run"]["workers"]
+    if network is not None:
+        config = _recorded(config, "network", network, network_section(network, seed))
+    if compute is not None:
+        config = _recorded(config, "compute", compute, compute_section(compute, seed))
+    if config["compute"]["trace"]:  # relative to the working directory, as data.path is
+        trace = str(Path(config["compute"]["trace"]).resolve())
+        config = cfg.merged(config, compute={"trace": trace})
+    net = network_of(config)
+    if network is not None:
+        _same("network", network, net, [f.name for f in dataclasses.fields(Network)])
+    net.check(n)
+    check_compute(config["compute"], n, seed)
+    if compute is not None:
+        _same("compute", compute, compute_model(config["compute"], seed),
+              ["kind", "times", "reduce_bandwidth", "spread", "trace"])
+    return config, net
+
+
+def network_of(config: dict) -> Network:
+    """The `[network]` section's network; network.seed -1 is the run's seed."""
+    section = dict(config["network"])
+    own = section.pop("seed")
+    return Network.parse(**section, seed=config["run"]["seed"] if own < 0 else own)
 
 
 def check_compute(section: dict, workers: int, seed: int) -> None:
     """Bad `[compute]` input fails before the run directory exists (one line)."""
+    check_times(section)
     if section["trace"]:
         load_trace(section["trace"]).check(workers)
     if not needs_profile(section):
         compute_model(section, seed)
 
 
-def simulate_plan(plan: Plan, compute: ComputeModel | None, net: Network,
-                  faults: Faults) -> None:
+def simulate_plan(plan: Plan, net: Network, faults: Faults) -> None:
     """Train the plan's workers on the virtual clock; the `[compute]` section is profiled
     first where it asks to be (the times go into the run's config.toml)."""
     n, seed = plan.config["run"]["workers"], plan.config["run"]["seed"]
-    if compute is None and needs_profile(plan.config["compute"]):
-        plan.config = cfg.merged(plan.config, compute=profile(plan))
-    model = compute or compute_model(plan.config["compute"], seed)
+    if plan.config["compute"]["model"] == "profile":
+        plan.config = cfg.merged(plan.config, compute=profiled(plan))
+    model = compute_model(plan.config["compute"], seed)
     plan.observer = Observer(n, plan.config["run"]["representative"],
                              lambda m: plan.evaluate(m, plan.dataset, torch.device("cpu")),
                              EvalLog(plan.run_dir / "eval.jsonl",
@@ -47,6 +88,81 @@ def simulate_plan(plan: Plan, compute: ComputeModel | None, net: Network,
         raise Interrupted(f"interrupted: every worker stopped after step {step} and wrote "
                           f"a checkpoint; resume with: fastsgd simulate --resume "
                           f"{plan.run_dir}", step)
+
+
+def network_section(net: Network, seed: int) -> dict[str, Any]:
+    """`net` as `[network]` keys (its seed -1 where it is the run's `seed`)."""
+    return {"bandwidth": _bandwidth(net.bandwidth), "latency": _seconds(net.latency),
+            "jitter": _seconds(net.jitter), "seed": -1 if net.seed == seed else net.seed,
+            "workers_per_node": net.workers_per_node,
+            "intra_bandwidth": _bandwidth(net.intra_bandwidth),
+            "intra_latency": _seconds(net.intra_latency),
+            "bandwidths": {str(r): _bandwidth(b) for r, b in net.bandwidths},
+            "loss": net.loss, "rto": _seconds(net.rto), "mtu": net.mtu}
+
+
+def compute_section(model: ComputeModel, seed: int) -> dict[str, Any]:
+    """`model` as `[compute]` keys (compute.lanes stays the config's)."""
+    if model.kind not in ("fixed", "measured"):
+        raise ConfigError(f"Job.simulate(compute=ComputeModel('{model.kind}', ...)): give "
+                          "'fixed' times or 'measured'; for this job's own profile leave "
+                          "compute out (compute.model = 'profile')")
+    fixed, spread, rate = model.kind == "fixed", model.spread, model.reduce_bandwidth
+    times = {p: _ns(model.times.get(p, 0)) if fixed else "" for p in PHASES}
+    return {"model": model.kind, "step_time": "", **times, "profiled": {},
+            "reduce_bandwidth": _bandwidth(rate) if rate else "",
+            "slowdown": list(spread.slowdown), "straggler_prob": spread.straggler_prob,
+            "straggler_factor": spread.straggler_factor, "sigma": spread.sigma,
+            "seed": -1 if spread.seed == seed else spread.seed,
+            "trace": str(Path(model.trace.path).resolve()) if model.trace else ""}
+
+
+def _recorded(config: dict, section: str, given: object, values: dict[str, Any]) -> dict:
+    try:
+        return cfg.merged(config, **{section: values})
+    except ConfigError as e:
+        raise ConfigError(f"Job.simulate({section}={type(given).__name__}(...)): {e}; give "
+                          f"it as [{section}] keys instead") from None
+
+
+def _same(section: str, given: Any, rebuilt: Any, fields: list[str]) -> None:
+    """What the recorded keys describe is what was given (else the run's config.toml
+    would say another run)."""
+    for name in fields:
+        ours, theirs = getattr(given, name), getattr(rebuilt, name)
+        if name == "times":  # measured charges none of them
+            ours, theirs = ([t.get(p, 0) if given.kind == "fixed" else 0 for p in PHASES]
+                            for t in (ours, theirs))
+        elif name == "trace" and ours is not None and theirs is not None:
+            ours, theirs = ours.windows, theirs.windows  # its path, made absolute
+        if ours != theirs:
+            raise ConfigError(f"Job.simulate({section}={type(given).__name__}(...)): its "
+                              f"{name} cannot be written as [{section}] keys; give them as "
+                              "keys instead")
+
+
+def _ns(value: Any) -> str:
+    return format_ns(value) if isinstance(value, int) else f"{value!r}ns"
+
+
+def _seconds(value: float) -> str:
+    """A time as parse_seconds reads back exactly, in the largest unit that holds it."""
+    return _exact(value, SECONDS, parse_seconds, "s")
+
+
+def _bandwidth(value: float) -> str:
+    return _exact(value, BANDWIDTHS, parse_bandwidth, "B")
+
+
+def _exact(value: float, units: tuple[tuple[str, float], ...], parse: Any, base: str) -> str:
+    for unit, scale in units:
+        text = f"{round(value / scale)}{unit}"
+        try:
+            if (value == 0 or round(value / scale)) and parse(text) == value:
+                return text
+        except (ConfigError, OverflowError, TypeError, ValueError):
+            pass
+    return f"{value!r}{base}"
 
 
 def compute_lanes(plan: Plan, compute: ComputeModel) -> tuple[int, int]:

@@ -102,3 +102,22 @@ def test_a_server_handles_messages_one_after_another_on_its_own_timeline():
     second_done = first_done + 10 * MS  # it came at latency + 2 wire, then waited
     _, one, two = simulate(3, worker, NET, model)
     assert (one, two) == (first_done + reply, second_done + reply)
+
+
+def test_an_empty_end_has_no_end(tmp_path):
+    """A window with an empty end lasts however long the run does: phases of 1e9 s (the
+    longest time a config takes) run on past 2**62 ns (4.6e9 s), which it once ended at."""
+    path = tmp_path / "trace.csv"
+    path.write_text("rank,start,end,speed,bandwidth\n0,0s,,1,\n")
+    model = ComputeModel("fixed", {"forward": 10 ** 18, "backward": 10 ** 18},
+                         trace=load_trace(str(path)))
+    assert simulate(1, lambda t: _clock_after_phases(t, steps=3), NET, model) == [6 * 10 ** 18]
+
+
+def test_the_draws_seed_is_compute_seed_or_the_runs():
+    from fastsgd import config as cfg
+    from fastsgd.transport.sim.compute import heterogeneity
+
+    section = cfg.load(None, ["compute.sigma=0.5"])["compute"]
+    assert heterogeneity(section, 3).seed == 3  # compute.seed = -1: the run's
+    assert heterogeneity({**section, "seed": 5}, 3).seed == 5

@@ -45,6 +45,23 @@ CASES = [
     (['faults.crash=[{worker = 1, at = "1e400s"}]'], "faults.crash[0].at must be a finite time"),
     (['faults.down=[{worker = 1, from = "1s", to = "1e400s"}]'],
      "faults.down[0].to must be a finite time"),
+    # which timing keys each compute.model takes
+    (["compute.step_time=25ms"], "compute.step_time applies to compute.model = 'fixed'"),
+    (["compute.model=measured", "compute.step_time=1ms"],
+     "compute.step_time applies to compute.model = 'fixed'"),
+    (["compute.model=measured", "compute.forward=1ms"],
+     "compute.forward applies to compute.model = 'fixed'"),
+    (["compute.model=fixed", "compute.step_time=0s"], "compute.step_time must be > 0"),
+    (["compute.model=fixed", "compute.step_time=0.5ns"], "compute.step_time must be > 0"),
+    (["compute.model=fixed", "compute.forward=1ms"], "(compute.backward is not set)"),
+    (["compute.model=fixed", "compute.backward=1ms"], "(compute.forward is not set)"),
+    (["compute.model=fixed", "compute.step_time=30ms", "compute.forward=1ms",
+      "compute.backward=2ms"], "compute.step_time and compute.forward are both set"),
+    (["compute.forward=1ms"], "compute.forward = '1ms' is not a time profile measured"),
+    (["compute.sigma=10"], "compute.sigma must be in [0, 2]"),
+    (["compute.sigma=2.5"], "compute.sigma must be in [0, 2]"),
+    (["compute.seed=-2"], "compute.seed must be -1 (run.seed) or 0 to 2**63 - 1"),
+    (["network.seed=-2"], "network.seed must be -1 (run.seed) or 0 to 2**63 - 1"),
 ]
 TRACES = [
     ("rank,begin\n0,0s\n", "the first line must be the header"),
@@ -59,6 +76,9 @@ TRACES = [
     (HEADER + "0,0s,,inf,\n", "line 2: rank must be >= 0 and speed a number from 1e-06 to 1e+06"),
     (HEADER + "0,0s,,1,1e400Gbit\n", "line 2, bandwidth"),
     (HEADER + "0,0s,,1e-300,\n", "line 2: rank must be >= 0 and speed a number from 1e-06"),
+    # a row for a rank the run does not have, as network.bandwidths' override is refused
+    (HEADER + "0,0s,,1,\n1,0s,,1,\n2,0s,,1,\n3,0s,,1,\n# more\n4,0s,1s,1,\n4,2s,,1,\n",
+     "line 7: rank 4 does not exist: run.workers = 4, ranks go from 0 to 3"),
 ]
 
 

@@ -23,6 +23,7 @@ from fastsgd.transport.sim.trace import Trace, load_trace
 from fastsgd.units import parse_bandwidth, parse_seconds
 
 PHASES = ("forward", "backward", "update", "codec")
+TIMES = (*PHASES, "reduce_bandwidth")  # the keys profile measures
 MODELS = ("profile", "fixed", "measured")
 
 
@@ -99,24 +100,70 @@ class ComputeModel:
 
 
 def heterogeneity(section: dict, seed: int) -> Heterogeneity:
-    """The `[compute]` keys that make workers differ (they act on real processes too)."""
+    """The `[compute]` keys that make workers differ (they act on real processes too); their
+    draws are seeded by compute.seed, or by `seed` (the run's) where that is -1."""
+    own = section.get("seed", -1)
     return Heterogeneity(tuple(float(f) for f in section["slowdown"]),
                          section["straggler_prob"], section["straggler_factor"],
-                         section["sigma"], seed)
+                         section["sigma"], seed if own < 0 else own)
+
+
+def by_hand(section: dict, keys: tuple[str, ...] = TIMES) -> list[str]:
+    """The keys of `keys` that are set, less those profile wrote (compute.profiled holds
+    what it wrote: a key that says the same is the profile's)."""
+    written = section["profiled"]
+    return [k for k in keys if section[k] and section[k] != written.get(k)]
+
+
+def check_times(section: dict) -> None:
+    """Which timing keys each compute.model takes (one line naming the key otherwise):
+    fixed charges step_time, or forward and backward; profile measures them all, and a
+    time set by hand would be replaced by the measurement; measured charges the wall time."""
+    kind, hand = section["model"], by_hand(section)
+    if section["step_time"] and kind != "fixed":
+        raise ConfigError(f"compute.step_time applies to compute.model = 'fixed' (forward + "
+                          f"backward); under '{kind}' it would be ignored")
+    phases = [k for k in hand if k in PHASES]
+    if kind == "measured" and phases:
+        raise ConfigError(f"compute.{phases[0]} applies to compute.model = 'fixed'; "
+                          "'measured' charges the wall time the worker took")
+    legacy = not section["profiled"] and len(hand) == len(TIMES)  # written before profiled
+    if kind == "profile" and hand and not legacy:
+        raise ConfigError(f"compute.{hand[0]} = '{section[hand[0]]}' is not a time profile "
+                          "measured (compute.profiled): compute.model = 'profile' would replace "
+                          "it with the measurement; to give the times, set compute.model = "
+                          "'fixed'")
+    if kind == "fixed":
+        _check_fixed(section, hand)
+
+
+def _check_fixed(section: dict, hand: list[str]) -> None:
+    step = section["step_time"]
+    if step:
+        if to_ns(parse_seconds(step, "compute.step_time")) <= 0:
+            raise ConfigError(f"compute.step_time must be > 0 (at least 1ns), got '{step}' "
+                              "(no compute time: compute.forward = compute.backward = '0s')")
+        both = [k for k in ("forward", "backward") if k in hand]
+        if both:
+            raise ConfigError(f"compute.step_time and compute.{both[0]} are both set: "
+                              "step_time is forward + backward, give one or the other")
+    elif not (section["forward"] and section["backward"]):
+        missing = "forward" if not section["forward"] else "backward"
+        raise ConfigError("compute.model = 'fixed' needs compute.step_time (e.g. 25ms), or "
+                          f"compute.forward and compute.backward (compute.{missing} is not set)")
 
 
 def compute_model(section: dict, seed: int) -> ComputeModel:
-    """The compute model a `[compute]` section describes (profile's times filled in)."""
+    """The compute model a `[compute]` section describes (profile's times filled in).
+    Under fixed, step_time replaces forward and backward that profile wrote."""
+    check_times(section)
     kind = section["model"]
     times = {p: to_ns(parse_seconds(section[p], f"compute.{p}")) if section[p] else 0
              for p in PHASES}
-    if kind == "fixed" and section["step_time"] and not (times["forward"] or times["backward"]):
+    if kind == "fixed" and section["step_time"]:
         step = to_ns(parse_seconds(section["step_time"], "compute.step_time"))
         times["forward"], times["backward"] = step // 3, step - step // 3  # backward ~ 2x
-    if kind == "fixed" and not (times["forward"] or times["backward"]):
-        raise ConfigError("compute.model = 'fixed' needs compute.step_time (e.g. 25ms) or "
-                          "compute.forward and compute.backward")
-    if kind == "profile" and not all(section[p] for p in (*PHASES, "reduce_bandwidth")):
+    if kind == "profile" and not all(section[k] for k in TIMES):
         raise ConfigError("compute.model = 'profile' needs its measured times: "
                           "Job.simulate profiles the job first")
     rate = section["reduce_bandwidth"]

@@ -8,31 +8,33 @@ CSV, one row per window in which a worker is available (docs/simulator.md):
     1,0s,20s,0.5,100Mbit
     1,30s,,0.5,1Gbit
 
-`end` empty: available from `start` on. `speed` divides the modeled compute time (empty: 1);
-`bandwidth` is the worker's NIC in that window (empty: the network's). A worker's windows
-are in order and do not overlap; outside them it computes nothing (a phase that would start
-there waits for the next window; a phase started inside one finishes). Every rank of the
-run must have a row.
+`end` empty: available from `start` on, with no end. `speed` divides the modeled compute
+time (empty: 1); `bandwidth` is the worker's NIC in that window (empty: the network's). A
+worker's windows are in order and do not overlap; outside them it computes nothing (a phase
+that would start there waits for the next window; a phase started inside one finishes).
+Every rank of the run must have a row, and no row may name a rank the run does not have (as
+network.bandwidths).
 """
 
 from __future__ import annotations
 
 import bisect
 import csv
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.units import MAX_FACTOR, parse_bandwidth, parse_seconds
 
 COLUMNS = ["rank", "start", "end", "speed", "bandwidth"]
-FOREVER = 2 ** 62
+FOREVER = math.inf  # an empty end: however long the run goes
 
 
 @dataclass(frozen=True)
 class Window:
     start: int  # ns
-    end: int  # ns, exclusive
+    end: int | float  # ns, exclusive; FOREVER
     speed: float
     bandwidth: float | None  # bytes/s
 
@@ -41,12 +43,19 @@ class Window:
 class Trace:
     path: str
     windows: dict[int, tuple[Window, ...]]
+    lines: dict[int, int] = field(default_factory=dict, compare=False)  # rank: its first row
 
     def check(self, world_size: int) -> None:
         missing = [r for r in range(world_size) if r not in self.windows]
         if missing:
             raise ConfigError(f"compute.trace {self.path} names {len(self.windows)} workers but "
                               f"the run has {world_size}: no row for rank {missing[0]}")
+        extra = sorted(r for r in self.windows if r >= world_size)
+        if extra:
+            line = self.lines.get(extra[0])
+            where = f"compute.trace {self.path}" + (f", line {line}" if line else "")
+            raise ConfigError(f"{where}: rank {extra[0]} does not exist: run.workers = "
+                              f"{world_size}, ranks go from 0 to {world_size - 1}")
 
     def _window(self, rank: int, now_ns: int) -> Window | None:
         windows = self.windows[rank]
@@ -81,14 +90,16 @@ def load_trace(path: str) -> Trace:
         raise ConfigError(f"compute.trace {path}: the first line must be the header "
                           f"{','.join(COLUMNS)}")
     windows: dict[int, list[Window]] = {}
+    lines: dict[int, int] = {}
     for n, line in rows[1:]:
         rank, window = _row(path, n, line)
+        lines.setdefault(rank, n)
         earlier = windows.setdefault(rank, [])
         if earlier and window.start < earlier[-1].end:
             raise ConfigError(f"compute.trace {path}, line {n}: worker {rank}'s windows must "
                               "be in order and not overlap")
         earlier.append(window)
-    return Trace(path, {r: tuple(ws) for r, ws in windows.items()})
+    return Trace(path, {r: tuple(ws) for r, ws in windows.items()}, lines)
 
 
 def _row(path: str, n: int, line: str) -> tuple[int, Window]:
