@@ -312,3 +312,15 @@ def test_the_run_ends_with_its_last_worker(tmp_path, strategy):
                                             "compute.slowdown": [1, 5]})
     last = max(row["time"] for row in run.metrics())
     assert run.summary["simulated_time"] == last == run.evals()[-1]["time"]
+
+
+def test_a_run_in_which_no_time_passed_has_no_rate(tmp_path):
+    """No compute and no one to talk to: simulated_time 0, and samples_per_second null, not
+    0 samples/s; the report shows it blank."""
+    from fastsgd.report import load_run
+    from fastsgd.report.table import rows, to_markdown
+
+    run = _run(tmp_path, "none", options={"run.workers": 1, "compute.step_time": "",
+                                          "compute.forward": "0s", "compute.backward": "0s"})
+    assert run.summary["simulated_time"] == 0 and run.summary["samples_per_second"] is None
+    assert "| 1 |" in to_markdown(rows([load_run(run.run_dir)]))

@@ -90,6 +90,7 @@ class Job:
                 raw[section] = values  # an object replaces the section: it is all there is
             else:
                 raw.setdefault(section, {}).update(values)
+        _packed_defaults(raw)
         self.config = cfg.validate(raw)
         self._resolve(given)
         self.quiet, self.overwrite, self.resume = quiet, overwrite, resume is not None
@@ -284,3 +285,12 @@ def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:
         raise UserError(f"compression.name = '{codec.name}' applies momentum itself "
                         f"(compression.momentum = {momentum}): set optimizer.momentum = 0, "
                         f"not {optimizer['momentum']}")
+
+
+def _packed_defaults(raw: dict) -> None:
+    """model.packed alone: model.name and model.step are 'packed', the archive's (a model
+    or step given besides, by name or as an object, is still refused: Job._packed)."""
+    section = raw.get("model")
+    if isinstance(section, dict) and section.get("packed"):
+        section.setdefault("name", PACKED)
+        section.setdefault("step", PACKED)

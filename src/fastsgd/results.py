@@ -29,7 +29,8 @@ def finish(loop: Loop, wall_time: float) -> dict[str, Any] | None:
     # waiting for the slowest): fast workers get more done
     steps, seconds = ((loop.steps - 1, loop.penultimate) if loop.steps > 1
                       and loop.penultimate is not None else (loop.steps, end))
-    rate = steps * loop.plan.config["data"]["batch_size"] / seconds if seconds > 0 else 0.0
+    # no time passed (no compute, no network: a model of nothing): no rate, not a rate of 0
+    rate = steps * loop.plan.config["data"]["batch_size"] / seconds if seconds > 0 else math.nan
     totals = torch.tensor([loop.sent, loop.received, rate, loop.skipped], dtype=torch.float64,
                           device=loop.t.device)
     loop.t.all_reduce(totals)
@@ -98,7 +99,7 @@ def summary(loop: Loop, wall_time: float, end: float, totals: list[float]) -> di
         "wall_time": wall_time, "simulated_time": round(end, 9) if loop.plan.simulated
         else None,
         "eval_time": loop.log.wall, "evaluations": loop.log.count,
-        "samples_per_second": totals[2],
+        "samples_per_second": number(totals[2]),
         "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
         "skipped_steps": int(totals[3]),  # worker-steps with a NaN or inf loss or gradient
         "consensus_distance": number(last[3]), "representative": cfg["run"]["representative"],

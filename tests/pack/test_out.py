@@ -52,8 +52,6 @@ def test_pack_does_not_write_over_the_archive_its_model_comes_from(archive, monk
     assert archive.read_bytes() == before
 
 
-@pytest.mark.xfail(strict=True, reason="model.packed alone: needs Job.__init__ (job.py) to "
-                   "default model.name and model.step to 'packed' where model.packed is set")
 def test_model_packed_alone_names_the_packed_job(archive, tmp_path):
     """`[model] packed = ...` without name and step: they are 'packed' (fastsgd keys)."""
     config = tmp_path / "mp.toml"

@@ -88,7 +88,8 @@ def test_what_is_not_a_run_is_one_line(tmp_path, capsys, make, says):
 @pytest.mark.parametrize("name, damage, says", [
     ("summary.json", lambda text: "{}", "not a fastsgd run summary (no strategy, compressor"),
     ("summary.json", lambda text: "[1, 2]", "a damaged file (a JSON list, not an object)"),
-    ("metrics.jsonl", lambda text: text[:-30], "line 120 is damaged (Unterminated string starting at column "),
+    ("metrics.jsonl", lambda text: text[:-30],
+     "line 120 is damaged (Unterminated string starting at column "),
     ("metrics.jsonl", lambda text: text + "\n[1]\n", "line 122 is not a fastsgd record (a JSON "
      "list, not an object)"),
     ("metrics.jsonl", lambda text: '{"step": 1, "forward": true}\n' + text,

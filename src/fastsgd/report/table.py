@@ -96,8 +96,8 @@ def scaling_efficiency(runs: list[RunData]) -> list[float | None]:
     out: list[float | None] = []
     for r in runs:
         base = single.get(key(r, False)) or single.get(key(r, True))
-        out.append(r.summary["samples_per_second"] / (r.summary["workers"] * base)
-                   if base else None)
+        rate = r.summary["samples_per_second"]  # null: a run in which no time passed
+        out.append(rate / (r.summary["workers"] * base) if base and rate is not None else None)
     return out
 
 
@@ -137,9 +137,13 @@ def over_seeds(runs: list[RunData]) -> list[dict[str, Any]]:
             "time_to_target_s": mlperf_score([r.summary["time_to_target"] for r in group]),
             "wall_to_target_s": mlperf_score([r.summary.get("wall_to_target") for r in group]),
             "epochs_to_target": mlperf_score([epochs_to_target(r) for r in group]),
-            "samples_per_s": statistics.fmean(r.summary["samples_per_second"] for r in group),
+            "samples_per_s": _mean([r.summary["samples_per_second"] for r in group]),
             "clock": group[0].clock})
     return out
+
+
+def _mean(values: list[float | None]) -> float | None:
+    return None if None in values else statistics.fmean(values)
 
 
 def _without(run: RunData, axes: tuple[str, ...]) -> str:
@@ -168,7 +172,7 @@ MARKDOWN = (  # header, how to show a row's value
     ("time to target", lambda r: _seconds(r["time_to_target_s"], r["clock"])
      if r["target_accuracy"] else ""),
     ("epochs to target", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),
-    ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
+    ("samples/s", lambda r: _maybe(r["samples_per_s"], "{:,.0f}")),
     ("bytes sent", lambda r: human_bytes(r["bytes_sent"])),
     ("comm. overhead", lambda r: _maybe(r["comm_overhead"], "{:.0%}")),
     ("mean step (ms): " + " / ".join(PHASES),
@@ -186,7 +190,7 @@ SEEDS_MARKDOWN = (
     ("time to target (MLPerf)", lambda r: _seconds(r["time_to_target_s"], r["clock"])
      if r["target"] else ""),
     ("epochs to target (MLPerf)", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),
-    ("samples/s (mean)", lambda r: f"{r['samples_per_s']:,.0f}"),
+    ("samples/s (mean)", lambda r: _maybe(r["samples_per_s"], "{:,.0f}")),
 )
 
 
