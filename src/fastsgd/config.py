@@ -169,7 +169,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
     "network": {  # the simulated network (docs/simulator.md)
         "bandwidth": Option(str, "10Gbit", bandwidth_check, "each worker's NIC, each way"),
         "latency": _time("per-message latency between nodes", "50us"),
-        "jitter": _time("extra random delay per message, up to e.g. 5ms", "0s"),
+        "jitter": _time("extra random delay of a message between nodes, up to e.g. 5ms",
+                        "0s"),
         "seed": Option(int, -1, _seed_or_run, "seed of the jitter's and the loss's draws; "
                        "-1: run.seed"),
         "workers_per_node": Option(int, 1, at_least(1), "workers sharing a node"),

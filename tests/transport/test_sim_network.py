@@ -5,7 +5,8 @@ import torch
 
 from fastsgd.transport.frames import frame_bytes
 from fastsgd.transport.sim import ComputeModel, Network, simulate
-from fastsgd.transport.sim.compute import to_ns
+from fastsgd.transport.sim.compute import PHASES, to_ns
+from fastsgd.transport.sim.trace import Trace, Window
 from tests.strategies.helpers import sim_job
 
 FREE = ComputeModel.free()
@@ -119,3 +120,75 @@ def test_asynchronous_strategies_train_on_a_lossy_network(name, synthetic, tmp_p
                   **{"network.loss": 0.05, "network.rto": "20ms", "network.latency": "1ms",
                      "compute.step_time": "2ms"})
     assert job.simulate(workers=4).accuracy > 0.5
+
+
+ONE_NODE = dict(workers_per_node=4, intra_bandwidth="10Gbit", intra_latency="5us", mtu=0)
+
+
+def _times(t, kinds=("allreduce", "allgather", "broadcast"), rounds=8):
+    """How long each of `rounds` collectives of each kind takes (ns), then a message 0 -> 1."""
+    out, tensor = [], torch.ones(S // 4)
+    for _ in range(rounds):
+        for kind in kinds:
+            began = t.now_ns()
+            {"allreduce": lambda: t.all_reduce(tensor), "allgather": lambda: t.all_gather(tensor),
+             "broadcast": lambda: t.broadcast(tensor, src=0)}[kind]()
+            out.append(t.now_ns() - began)
+    if t.rank < 2:
+        began = t.now_ns()
+        t.send(tensor, 1) if t.rank == 0 else t.recv(torch.empty(S // 4), 0)
+        out.append(t.now_ns() - began)
+    return out
+
+
+@pytest.mark.parametrize("key", [{"loss": 0.5}, {"jitter": "1s"}])
+def test_inside_a_node_nothing_is_lost_or_jittered(key):
+    """One node of 4: no round of any collective, nor a message, crosses a network."""
+    net = Network.parse("100Mbit", "2ms", **ONE_NODE, **key)
+    clean = Network.parse("100Mbit", "2ms", **ONE_NODE)
+    assert _clock_after(4, _times, net) == _clock_after(4, _times, clean)
+    assert _clock_after(4, _times, clean)[0][:3] == [
+        to_ns(2 * (S / (10e9 / 8) + 3 * 5e-6)), to_ns(3 * (5e-6 + S / (10e9 / 8))),
+        to_ns(2 * (5e-6 + S / (10e9 / 8)))]
+
+
+def test_the_hierarchical_all_reduce_loses_only_across_nodes():
+    """Two nodes of 2, loss 0.5: the ring across the nodes (2 rounds of 2 messages) waits
+    for whole retransmission timeouts; the phases inside the nodes lose nothing."""
+    net = Network.parse("100Mbit", "2ms", loss=0.5, rto="100ms", seed=1,
+                        **{**ONE_NODE, "workers_per_node": 2})
+    clean = Network.parse("100Mbit", "2ms", **{**ONE_NODE, "workers_per_node": 2})
+    lossy = _clock_after(4, lambda t: _times(t, ("allreduce",), 20), net)[2]
+    base = _clock_after(4, lambda t: _times(t, ("allreduce",), 1), clean)[2][0]
+    extra = [(d - base) / to_ns(0.1) for d in lossy]
+    assert set(extra) <= {0, 1, 2} and 1 in extra and 2 in extra
+
+
+def test_jitter_delays_each_round_of_a_collective_between_nodes():
+    """2 nodes: each of the ring's 2 rounds waits for its slower message's jitter, drawn from
+    the seeded stream: the same delays again, other ones with another seed."""
+    def run(seed):
+        net = Network.parse("100Mbit", "2ms", jitter="10ms", seed=seed, mtu=0)
+        return _clock_after(2, lambda t: _times(t, ("allreduce",), 20), net)[0]
+
+    ring = to_ns(2 * (1 / 2) * S / B + 2 * L)
+    delays = [d - ring for d in run(3)[:-1]]  # (the last: a send)
+    assert all(0 <= d <= to_ns(0.02) for d in delays) and len(set(delays)) == len(delays)
+    assert sum(delays) / len(delays) > to_ns(0.01)  # a round waits for the larger of 2
+    assert run(3) == run(3) != run(4)
+
+
+def test_a_collective_is_priced_at_the_trace_bandwidth_when_it_starts():
+    """Worker 1's NIC is 10 Mbit/s for the first 100 ms (a trace window), then the network's."""
+    always = 10 ** 18
+    trace = Trace("t", {0: (Window(0, always, 1.0, None),),
+                        1: (Window(0, 10 ** 8, 1.0, 10e6 / 8), Window(10 ** 8, always, 1.0, None))})
+    compute = ComputeModel("fixed", dict.fromkeys(PHASES, 0), trace=trace)
+
+    def worker(t):
+        first = _allreduce(t)
+        t.scheduler.charge(t.rank, to_ns(0.2) - first)
+        return first, _allreduce(t) - to_ns(0.2)
+
+    assert simulate(2, worker, NET, compute) == [
+        (to_ns(S / (10e6 / 8) + 2 * L), to_ns(S / B + 2 * L))] * 2

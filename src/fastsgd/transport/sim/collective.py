@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -14,8 +15,9 @@ class Collective:
     rank), so a sum holds one result and the parts that came before their turn, not one
     copy per worker."""
 
-    duration: int  # ns
     combine: str | int
+    price: Callable[[], int]  # its duration (ns), asked when it starts (fabric.price)
+    duration: int = 0  # ns
     result: torch.Tensor | None = None
     parts: dict[int, torch.Tensor] = field(default_factory=dict)  # not yet folded in
     summed: int = 0  # ranks 0..summed-1 are in `result`
@@ -23,8 +25,9 @@ class Collective:
     arrival: int = 0
     end: int | None = None
     waiting: set[int] = field(default_factory=set)
-    ranks: set[int] = field(default_factory=set)  # who has arrived
+    ranks: set[int] = field(default_factory=set)  # who has arrived: who takes part
     started: bool = False  # every survivor is in: it runs, and ends at `end`
+    start: int = 0  # when it runs (ns), once started
 
 
 def fold(op: Collective, rank: int, tensor: torch.Tensor, given: bool = False) -> None:

@@ -51,14 +51,15 @@ class SimFabric:
         self.replace: Callable[[int, int], None] | None = None
         self.progress = [0] * world_size  # the step each worker last started
         self.replying: tuple[int, int] = (-1, 0)  # while a handler runs: (src, its process)
+        self.pricing: Collective | None = None  # the collective being priced (price)
 
     def arrive(self, seq: int, rank: int, tensor: torch.Tensor, duration: Callable[[], int],
                combine: str | int, given: bool = False) -> Collective:
-        """Worker `rank` joins collective `seq`; the first to arrive prices it. `given`: the
-        worker gives `tensor` up (fold)."""
+        """Worker `rank` joins collective `seq`; `duration()` prices it once it starts.
+        `given`: the worker gives `tensor` up (fold)."""
         op = self.collectives.get(seq)
         if op is None:
-            op = self.collectives[seq] = Collective(duration(), combine)
+            op = self.collectives[seq] = Collective(combine, duration)
         fold(op, rank, tensor.detach(), given)
         op.ranks.add(rank)
         op.arrival = max(op.arrival, self.scheduler.now(rank))
@@ -83,7 +84,14 @@ class SimFabric:
         elif op.result is None:
             raise RuntimeError(f"collective {seq}: a broadcast from worker {op.combine}, "
                                "which was lost")
-        start = max(op.arrival, self.collectives_free, not_before)
+        op.start = start = max(op.arrival, self.collectives_free, not_before)
+        # priced now, not at the first arrival: among those who take part (a loss learnt
+        # meanwhile counts), at their NICs of this moment (a trace's)
+        self.pricing = op
+        try:
+            op.duration = op.price()
+        finally:
+            self.pricing = None
         members = self.membership.members
         finish = self.membership.faults.clear_window(members, start, op.duration) + op.duration
         self.collectives_free = finish
@@ -142,13 +150,16 @@ class SimFabric:
                 + sum(map(len, self.mail.values())))
 
     def price(self, kind: str, size: int) -> int:
-        """Nanoseconds a collective takes: its algorithm on the network (network.py), plus a
-        retransmission timeout for each round of messages that loses one (TCP)."""
-        n, net = self.world_size - len(self.membership.known), self.network
-        seconds, rounds = {"allreduce": (net.allreduce_time, 2 * (n - 1)),
-                           "allgather": (net.allgather_time, n - 1),
-                           "broadcast": (net.broadcast_time, (n - 1).bit_length())}[kind]
-        return to_ns(seconds(size, n)) + self.links.collective_losses(rounds, n)
+        """Nanoseconds the collective starting now (`pricing`) takes: its algorithm among the
+        ranks that take part, on their NICs and nodes (network.py), plus what loss and jitter
+        add to its rounds between nodes (links.py)."""
+        op = self.pricing
+        ranks = sorted(op.ranks) if op else list(self.membership.members)
+        when = op.start if op else 0
+        root = op.combine if op and isinstance(op.combine, int) else None
+        cost = self.network.collective(kind, size, ranks, lambda r: self.links.nic(r, when),
+                                       root)
+        return to_ns(cost.seconds) + self.links.delays(cost.crossing)
 
     def _complete(self, seq: int, op: Collective, finish: int) -> None:
         op.end = finish

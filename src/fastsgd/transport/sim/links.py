@@ -49,7 +49,9 @@ class Links:
         begins = self.outages.back_up(dst, max(start, self.down_free.get((dst, intra), 0)))
         received = max(sent, begins + to_ns(wire / down))
         self.down_free[(dst, intra)] = received
-        arrival = received + to_ns(net.intra_latency if intra else net.latency)
+        if intra:  # loss and jitter are the network's between nodes, not a node's own links
+            return received + to_ns(net.intra_latency)
+        arrival = received + to_ns(net.latency)
         if net.jitter:
             arrival += to_ns(self._jitter.uniform(0, net.jitter))
         while net.loss and self._loss.random() < net.loss:
@@ -60,12 +62,22 @@ class Links:
             arrival += to_ns(net.rto)  # TCP sends it again after a retransmission timeout
         return arrival
 
-    def collective_losses(self, messages_in_sequence: int, parallel: int) -> int:
-        """Retransmission timeouts a collective of `messages_in_sequence` rounds of
-        `parallel` messages waits for: a round waits once if any of its messages is lost."""
-        if not self.net.loss:
+    def delays(self, crossing: tuple[tuple[int, int], ...]) -> int:
+        """What loss and jitter add to a collective whose rounds between nodes are
+        `crossing` ((rounds, messages between nodes in each), network.Cost): a round waits
+        for its slowest message, so for the largest of its k jitters (one draw u: u^(1/k)
+        is distributed as the largest of k uniforms), and once for a retransmission timeout
+        if any of its k messages is lost."""
+        net, delay = self.net, 0
+        if not (net.jitter or net.loss):
             return 0
-        p_round = 1 - (1 - self.net.loss) ** parallel
-        losses = sum(self._loss.random() < p_round for _ in range(messages_in_sequence))
-        self.resent += losses
-        return losses * to_ns(self.net.rto)
+        for rounds, k in crossing:
+            if net.jitter:
+                delay += sum(to_ns(net.jitter * self._jitter.random() ** (1 / k))
+                             for _ in range(rounds))
+            if net.loss:
+                p_round = 1 - (1 - net.loss) ** k
+                losses = sum(self._loss.random() < p_round for _ in range(rounds))
+                self.resent += losses
+                delay += losses * to_ns(net.rto)
+        return delay

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fastsgd.errors import ConfigError
 from fastsgd.units import parse_bandwidth, parse_seconds
 
-__all__ = ["Network", "parse_bandwidth", "parse_seconds"]
+__all__ = ["Cost", "Network", "parse_bandwidth", "parse_seconds"]
 TCP_IP_HEADERS = 52  # bytes of each frame that are not payload: IPv4 20, TCP 20 + 12 options
 FRAME_OVERHEAD = TCP_IP_HEADERS + 14  # and the Ethernet header
 
@@ -20,10 +21,12 @@ class Network:
     overrides it per rank): what it sends leaves one message after another at its uplink
     rate; what it receives comes in one after another at its downlink rate. Workers are
     grouped `workers_per_node` to a node; between workers of one node messages take
-    `intra_latency` and `intra_bandwidth` instead. A point-to-point message is lost with
+    `intra_latency` and `intra_bandwidth` instead. A message between nodes is lost with
     probability `loss`: a reliable one (TCP) is sent again after `rto`, a droppable one
-    (an asynchronous strategy's, see docs/strategies.md) is gone. `jitter` delays each
-    message by up to that much more (uniform).
+    (an asynchronous strategy's, see docs/strategies.md) is gone; `jitter` delays it by up
+    to that much more (uniform). Inside a node nothing is lost or jittered. Collectives are
+    priced among the ranks that take part (after a loss: the survivors), on their NICs and
+    nodes.
     """
 
     bandwidth: float = 10e9 / 8
@@ -86,38 +89,94 @@ class Network:
         """Seconds for one message of `size` bytes between nodes, on idle links."""
         return self.latency + self.wire(size) / self.bandwidth
 
+    def nodes(self, ranks: Sequence[int]) -> list[int]:
+        """How many of `ranks` (in rank order) each node holds, for nodes that hold any."""
+        counts: dict[int, int] = {}
+        for r in ranks:
+            counts[r // self.workers_per_node] = counts.get(r // self.workers_per_node, 0) + 1
+        return list(counts.values())
+
+    def collective(self, kind: str, size: int, ranks: Sequence[int],
+                   nic: Callable[[int], float] | None = None, root: int | None = None) -> Cost:
+        """A collective of `kind` ("allreduce", "allgather", "broadcast" from `root`, by
+        default the lowest rank) among `ranks`, in rank order, on idle links; `nic(rank)`:
+        each one's bandwidth (default: `bandwidth`, `bandwidths`)."""
+        if len(ranks) <= 1:
+            return Cost(0.0)
+        slowest = min(map(nic or self.nic, ranks))
+        if kind == "allreduce":
+            return self._allreduce(size, ranks, slowest)
+        if kind == "allgather":
+            return self._allgather(size, ranks, slowest)
+        if kind == "broadcast":
+            return self._broadcast(size, ranks, slowest, ranks[0] if root is None else root)
+        raise ValueError(f"unknown collective {kind!r}")
+
+    def allreduce_time(self, size: int, ranks: int | Sequence[int]) -> float:
+        """Seconds of an all-reduce among `ranks` (n: ranks 0..n-1), on idle links."""
+        return self.collective("allreduce", size, _ranks(ranks)).seconds
+
+    def allgather_time(self, size: int, ranks: int | Sequence[int]) -> float:
+        return self.collective("allgather", size, _ranks(ranks)).seconds
+
+    def broadcast_time(self, size: int, ranks: int | Sequence[int]) -> float:
+        return self.collective("broadcast", size, _ranks(ranks)).seconds
+
     def _ring(self, size: float, n: int, bandwidth: float, latency: float) -> float:
         return 0.0 if n <= 1 else 2 * (n - 1) * (latency + self.wire(size / n) / bandwidth)
 
-    def allreduce_time(self, size: int, world_size: int) -> float:
-        """Ring all-reduce 2(n-1)/n*S/B + 2(n-1)*L at the slowest NIC's B; over nodes of g
-        workers (m nodes), hierarchical: a pipelined reduce inside each node (S/B_i +
-        (g-1)*L_i), a ring across the nodes (2(m-1)/m*S/B + 2(m-1)*L), a pipelined broadcast
-        inside each node (S/B_i + (g-1)*L_i)."""
-        g = self.workers_per_node
-        slowest = min(self.nic(r) for r in range(world_size))
-        if g == 1:
-            return self._ring(size, world_size, slowest, self.latency)
-        inside = size / self.intra_bandwidth + (g - 1) * self.intra_latency
-        return 2 * inside + self._ring(size, world_size // g, slowest, self.latency)
+    def _allreduce(self, size: int, ranks: Sequence[int], slowest: float) -> Cost:
+        """Ring all-reduce 2(n-1)/n*S/B + 2(n-1)*L at the slowest NIC's B; over m nodes,
+        hierarchical: a pipelined reduce inside each node (S/B_i + (g-1)*L_i, g the most
+        workers a node holds; none if every node holds one), a ring across the nodes
+        (2(m-1)/m*S/B + 2(m-1)*L), a pipelined broadcast inside each node (as the reduce).
+        Only the ring's rounds cross nodes: 2(m-1) of them, m messages each."""
+        nodes = self.nodes(ranks)
+        m, g = len(nodes), max(nodes)
+        inside = 0.0 if g == 1 else size / self.intra_bandwidth + (g - 1) * self.intra_latency
+        ring = self._ring(size, m, slowest, self.latency)
+        return Cost(2 * inside + ring, ((2 * (m - 1), m),) if m > 1 else ())
 
-    def allgather_time(self, size: int, world_size: int) -> float:
-        """Ring all-gather of one `size`-byte tensor per worker: (n-1)*(L + S/B), at the
-        slowest NIC and, when there are several nodes, the inter-node latency."""
-        if world_size <= 1:
-            return 0.0
-        slowest = min(self.nic(r) for r in range(world_size))
-        latency = self.latency if world_size > self.workers_per_node else self.intra_latency
-        bandwidth = slowest if world_size > self.workers_per_node else self.intra_bandwidth
-        wire = self.wire(size) if world_size > self.workers_per_node else size
-        return (world_size - 1) * (latency + wire / bandwidth)
+    def _allgather(self, size: int, ranks: Sequence[int], slowest: float) -> Cost:
+        """Ring all-gather of one `size`-byte tensor per worker: (n-1)*(L + S/B) at the
+        slowest NIC if the ring spans m > 1 nodes (m of its n links cross nodes), else
+        (n-1)*(L_i + S/B_i)."""
+        n, m = len(ranks), len(self.nodes(ranks))
+        if m == 1:
+            return Cost((n - 1) * (self.intra_latency + size / self.intra_bandwidth))
+        return Cost((n - 1) * (self.latency + self.wire(size) / slowest), ((n - 1, m),))
 
-    def broadcast_time(self, size: int, world_size: int) -> float:
-        """A binomial tree: ceil(log2 n) rounds of one message (L + S/B)."""
-        if world_size <= 1:
-            return 0.0
-        slowest = min(self.nic(r) for r in range(world_size))
-        return (world_size - 1).bit_length() * (self.latency + self.wire(size) / slowest)
+    def _broadcast(self, size: int, ranks: Sequence[int], slowest: float, root: int) -> Cost:
+        """A binomial tree from `root` over the ranks in order from it: ceil(log2 n) rounds
+        of one message each way; round k, 2^k messages at most. A round with a message
+        between nodes takes L + S/B, one within nodes L_i + S/B_i."""
+        at = list(ranks).index(root)
+        order = [*ranks[at:], *ranks[:at]]
+        crossing: list[tuple[int, int]] = []
+        span, within = 1, 0
+        while span < len(order):
+            between = sum(not self.same_node(order[i], order[i + span])
+                          for i in range(min(span, len(order) - span)))
+            if between:
+                crossing.append((1, between))
+            within += not between
+            span *= 2
+        seconds = (len(crossing) * (self.latency + self.wire(size) / slowest)
+                   + within * (self.intra_latency + size / self.intra_bandwidth))
+        return Cost(seconds, tuple(crossing))
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A collective on idle links: its seconds, and its rounds that cross nodes, in order,
+    as (rounds, messages between nodes in each): what loss and jitter act on (links.py)."""
+
+    seconds: float
+    crossing: tuple[tuple[int, int], ...] = ()
+
+
+def _ranks(ranks: int | Sequence[int]) -> Sequence[int]:
+    return range(ranks) if isinstance(ranks, int) else ranks
 
 
 def _rank(key: object) -> int:

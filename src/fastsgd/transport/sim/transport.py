@@ -90,7 +90,8 @@ class SimTransport(SimMembers):
         return handle
 
     def _taking_part(self) -> int:
-        """Workers a collective runs among, as fabric.price counts them: all but the lost."""
+        """Workers a collective is counted for when asked: all but those known lost (its
+        price counts those known lost when it starts, fabric.price)."""
         return self.world_size - len(self.fabric.membership.known)
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
