@@ -189,14 +189,73 @@ def test_topology_custom_from_the_command_line(tmp_path, capsys):
      "--png out.txt: the drawing is a PNG; give it a name ending in .png"),
     (["topology", "ring", "--workers", "4", "--png", "/nonexistent/dir/x.png"],
      "--png /nonexistent/dir/x.png: no such folder /nonexistent/dir"),
+    (["topology", "ring", "--workers", "100000"], "--workers 100000: fastsgd topology shows 1 "
+                                                  "to 2048 workers"),
+    (["topology", "ring", "--workers", "99999999999999999999"], "--workers 9999"),
+    (["topology", "star", "--workers", "1000000000"], "--workers 1000000000"),
+    (["topology", "ring", "--workers", "0"], "--workers 0"),
+    (["topology", "onepeer", "--workers", "8", "--step", "-1"], "--step -1"),
+    (["topology", "ring", "--workers", "4", "--edges", "0-1"],
+     "--edges is for topology custom; topology ring does not use it"),
+    (["topology", "ring", "--workers", "4", "--rows", "2"], "--rows is for topology torus"),
+    (["topology", "complete", "--workers", "4", "--cols", "0"], "--cols is for topology torus"),
+    (["topology", "torus", "--workers", "8", "--degree", "3"], "--degree is for topology random"),
+    (["topology", "ring", "--workers", "4", "--seed", "1"], "topology ring does not use it"),
+    (["topology", "mesh", "--workers", "4"], "unknown topology 'mesh'; choose one of"),
+    (["topology", "hypercube", "--workers", "6"], "topology hypercube needs a power-of-two"),
+    (["topology", "torus", "--workers", "7"], "or topology ring"),
 ])
 def test_topology_errors_name_the_flag(args, culprit, capsys):
     from fastsgd.cli import main
 
     assert main(args) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     _one_line(err, culprit)
-    assert "strategy." not in err
+    assert "strategy." not in err and "NAME" not in err and out == ""
+
+
+@pytest.mark.parametrize("png", ["folder.png", "/proc/fastsgd-test.png", "/sys/fastsgd-test.png"])
+def test_topology_png_that_cannot_be_written(tmp_path, monkeypatch, capsys, png):
+    from fastsgd.cli import main
+
+    if not os.path.isdir(os.path.dirname(png) or "."):
+        pytest.skip(f"no {os.path.dirname(png)} here")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder.png").mkdir()
+    assert main(["topology", "ring", "--workers", "4", "--png", png]) == 2
+    err = capsys.readouterr().err
+    _one_line(err, f"--png {png}: ")  # and the reason, as the OS gives it
+    assert any(r in err for r in ("is a folder", "No such file", "Permission denied",
+                                  "Read-only")), err
+
+
+def test_topology_png_errors_give_the_reason(tmp_path, monkeypatch, capsys):
+    from matplotlib.figure import Figure
+
+    from fastsgd.cli import main
+
+    def refuse(*_, **__):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Figure, "savefig", refuse)
+    png = tmp_path / "x.png"
+    assert main(["topology", "ring", "--workers", "4", "--png", str(png)]) == 2
+    _one_line(capsys.readouterr().err, f"--png {png}: cannot write it: Permission denied")
+
+
+def test_topology_of_many_workers_draws_the_ranks_only(tmp_path, capsys):
+    from fastsgd.cli import main
+
+    png = tmp_path / "c.png"
+    assert main(["topology", "complete", "--workers", "400", "--png", str(png)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"drawing: {png} (the ranks only: 79800 edges are more than the 50000 it draws)"
+    assert png.stat().st_size > 1000
+
+
+def test_topology_help_says_its_bounds():
+    text = " ".join(fastsgd("topology", "--help").stdout.split())  # as argparse wraps it
+    assert "1 to 2048" in text and ">= 0" in text and "torus" in text and "50000 edges" in text
 
 
 def test_report_grammar(tmp_path, capsys):

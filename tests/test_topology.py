@@ -17,10 +17,9 @@ from fastsgd.topology import (
     build_topology,
     cli_key,
     config_key,
-    describe,
-    draw,
     parse_edges,
 )
+from fastsgd.topology_show import ARROWS, EDGES, describe, draw
 
 
 def nbrs(t: Topology, step: int = 0) -> list[set[int]]:
@@ -209,7 +208,7 @@ def test_other_errors():
         build_topology("ring", 4, weighting="max")
     with pytest.raises(UserError, match="strategy.weights.*directed"):
         build_topology("onepeer", 4, weighting="metropolis")
-    with pytest.raises(UserError, match="strategy.topology.*n = 6"):
+    with pytest.raises(UserError, match='strategy.topology = "hypercube" needs.*n = 6'):
         build_topology("hypercube", 6)
     with pytest.raises(UserError, match="at least 1 worker"):
         build_topology("ring", 0)
@@ -235,22 +234,25 @@ def _unlucky_random(keys: topology.Keys) -> None:
 def test_cli_key_names_every_option():
     assert set(CLI_KEYS) == {"topology", "weights", "rows", "cols", "degree", "graph_seed",
                              "edges"}
-    assert [cli_key(k) for k in ("topology", "graph_seed", "rows")] == ["NAME", "--seed", "--rows"]
+    assert [cli_key(k) for k in ("topology", "graph_seed", "rows")] == ["topology", "--seed",
+                                                                       "--rows"]
+    assert graphs.said("topology", "ring") == "topology ring"
+    assert graphs.said("strategy.topology", "ring") == 'strategy.topology = "ring"'
 
 
 @pytest.mark.parametrize("name, n, kw, words", [
-    ("torus", 7, {}, ["(--rows, --cols)", "6 or 8 workers", "ring (NAME)"]),
+    ("torus", 7, {}, ["(--rows, --cols)", "6 or 8 workers", "or topology ring"]),
     ("torus", 8, {"rows": 3}, ["torus: --rows 3 does not divide 8 workers"]),
     ("torus", 8, {"cols": 3}, ["--cols 3"]),
     ("torus", 8, {"rows": 2, "cols": 3}, ["--rows x --cols = 2 x 3 = 6"]),
-    ("torus", 8, {"rows": 1, "cols": 8}, ["--rows x --cols = 1 x 8", "ring (NAME)"]),
+    ("torus", 8, {"rows": 1, "cols": 8}, ["--rows x --cols = 1 x 8", "use topology ring"]),
     ("random", 5, {"degree": 3}, ["random: --degree 3 does not"]),
     ("custom", 4, {}, ["set --edges 0-1,1-2,..."]),
     ("custom", 4, {"edges": [[0, 1], [1, 5]]}, ["--edges item 1-5 must be a-b", "0..3"]),
     ("custom", 4, {"edges": [[0, 1], [2, 2]]}, ["--edges item 2-2"]),
     ("custom", 4, {"edges": [[0, 1], [2, 3]]}, ["--edges do not connect all 4 workers"]),
-    ("mesh", 4, {}, ["unknown topology 'mesh' (NAME)"]),
-    ("hypercube", 6, {}, ["(NAME)", "n = 6"]),
+    ("mesh", 4, {}, ["unknown topology 'mesh'; choose one of"]),
+    ("hypercube", 6, {}, ["topology hypercube needs a power-of-two", "n = 6"]),
     ("ring", 4, {"weighting": "max"}, ["'max' (--weights)"]),
     ("onepeer", 4, {"weighting": "metropolis"}, ["--weights metropolis needs an undirected",
                                                  "use --weights uniform"]),
@@ -260,7 +262,7 @@ def test_cli_keys_in_errors(name, n, kw, words):
         build_topology(name, n, keys=cli_key, **kw)
     text = str(e.value)
     assert all(w in text for w in words), text
-    assert "strategy." not in text and "\n" not in text
+    assert "strategy." not in text and "\n" not in text and "NAME" not in text
 
 
 def test_cli_keys_random_retries_name_seed():
@@ -326,3 +328,70 @@ def test_draw_writes_png(tmp_path, name, n, step):
     path = tmp_path / f"{name}.png"
     draw(build_topology(name, n), path, step=step)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
+
+
+def _eigvals_reference(t: Topology, step: int) -> float:
+    mags = torch.sort(torch.linalg.eigvals(t.matrix(step)).abs(), descending=True).values
+    return min(1.0, float(mags[1])) if t.n > 1 else 0.0
+
+
+@pytest.mark.parametrize("name, n, kw", [
+    ("star", 9, {}), ("star", 9, {"weighting": "metropolis"}), ("ring", 6, {}),
+    ("torus", 12, {}), ("random", 10, {"degree": 3}), ("exponential", 6, {}),
+    ("custom", 5, {"edges": [[0, 1], [1, 2], [2, 3], [3, 4], [1, 3]]}), ("onepeer", 8, {}),
+    ("onepeer", 6, {}), ("complete", 1, {}),
+])
+def test_second_eigenvalue_agrees_with_a_general_eigensolver(name, n, kw):
+    t = build_topology(name, n, **kw)
+    for step in range(t.period):
+        assert t.second_eigenvalue(step) == pytest.approx(_eigvals_reference(t, step), abs=1e-9)
+
+
+def test_a_step_in_parts_has_a_gap_of_exactly_zero():
+    t = build_topology("onepeer", 8)  # step 1 sends i -> i + 2: two cycles, never mixed
+    assert t.spectral_gap(1) == 0.0 and t.second_eigenvalue(1) == 1.0
+    assert "second eigenvalue 1.0000, spectral gap 0;" in describe(t, step=1)
+
+
+@pytest.mark.parametrize("name, gap, second", [
+    ("ring", "spectral gap 1.316e-05", "second eigenvalue 0.99998684,"),  # 2/3 (1 - cos 2pi/n)
+    ("onepeer", "spectral gap 4.935e-06", "second eigenvalue 0.999995065,"),  # 1 - cos pi/n
+])
+def test_a_small_spectral_gap_is_printed_with_its_digits(name, gap, second):
+    last = describe(build_topology(name, 1000)).splitlines()[-1]
+    assert gap in last and second in last, last
+
+
+def test_directed_is_kept_and_survives_pickling():
+    t = build_topology("onepeer", 8)
+    assert t.directed and not build_topology("ring", 8).directed
+    assert pickle.loads(pickle.dumps(t)).directed
+
+
+def _artists_drawn(monkeypatch: pytest.MonkeyPatch, t: Topology, step: int = 0) -> tuple:
+    """(artists in the figure draw() saves, what draw() returns), without writing a PNG."""
+    from matplotlib.figure import Figure
+
+    seen = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: seen.append(len(fig.findobj())))
+    left_out = draw(t, "unused.png", step)
+    return seen[0], left_out
+
+
+@pytest.mark.parametrize("name, n", [("complete", 100), ("onepeer", ARROWS + 1), ("ring", 2048),
+                                     ("torus", 1024)])
+def test_a_large_graph_is_drawn_with_few_artists(monkeypatch, name, n):
+    artists, left_out = _artists_drawn(monkeypatch, build_topology(name, n))
+    assert artists < 200 and left_out == 0  # ~90 of axes, one collection, no rank labels
+
+
+def test_a_small_directed_graph_has_arrows_and_labels(monkeypatch):
+    artists, _ = _artists_drawn(monkeypatch, build_topology("onepeer", 16), step=1)
+    assert artists > 90 + 2 * 16  # an arrow and a label each
+
+
+def test_a_graph_of_too_many_edges_is_drawn_without_them(monkeypatch):
+    t = build_topology("complete", 400)  # 79800 edges
+    assert 400 * 399 // 2 > EDGES
+    artists, left_out = _artists_drawn(monkeypatch, t)
+    assert left_out == 400 * 399 // 2 and artists < 200

@@ -163,37 +163,28 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _topology_parser(sub: argparse._SubParsersAction) -> None:
+    from fastsgd.topology_show import EDGES, MAX_WORKERS
+
     text = "show a topology: neighbours, mixing weights, spectral gap, and a PNG drawing"
     p = sub.add_parser("topology", help=text, description=text)
     p.add_argument("name", help="complete, star, ring, torus, hypercube, exponential, "
                                 "onepeer, random, custom")
-    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--workers", type=int, required=True, help=f"1 to {MAX_WORKERS}")
     p.add_argument("--weights", default="uniform", help="uniform | metropolis")
-    p.add_argument("--rows", type=int, default=0)
-    p.add_argument("--cols", type=int, default=0)
-    p.add_argument("--degree", type=int, default=0, help="random graphs")
-    p.add_argument("--seed", type=int, default=0, help="random graphs")
+    p.add_argument("--rows", type=int, help="torus: grid rows (default: the squarest grid)")
+    p.add_argument("--cols", type=int, help="torus: grid columns")
+    p.add_argument("--degree", type=int, help="random graphs (default: up to 4)")
+    p.add_argument("--seed", type=int, help="random graphs (default 0)")
     p.add_argument("--edges", default=None, help="custom graphs: undirected edges, e.g. 0-1,1-2")
-    p.add_argument("--step", type=int, default=0, help="time-varying graphs: which step")
-    p.add_argument("--png", default=None, help="drawing (default: topology-NAME-N.png)")
+    p.add_argument("--step", type=int, default=0, help="time-varying graphs: which step, >= 0")
+    p.add_argument("--png", default=None, help="drawing (default: topology-NAME-N.png); "
+                                                f"beyond {EDGES} edges, the ranks only")
 
 
 def _show_topology(args: argparse.Namespace) -> int:
-    from fastsgd.topology import build_topology, cli_key, describe, draw, parse_edges
+    from fastsgd.topology_show import show
 
-    png = Path(args.png or f"topology-{args.name}-{args.workers}.png")
-    if png.suffix.lower() != ".png":  # checked here: matplotlib's errors are tracebacks
-        raise UserError(f"--png {png}: the drawing is a PNG; give it a name ending in .png")
-    if not png.parent.is_dir():
-        raise UserError(f"--png {png}: no such folder {png.parent}")
-    edges = parse_edges(args.edges) if args.edges is not None else None
-    topo = build_topology(args.name, args.workers, rows=args.rows, cols=args.cols,
-                          degree=args.degree, seed=args.seed, edges=edges,
-                          weighting=args.weights, keys=cli_key)
-    print(describe(topo, args.step))
-    draw(topo, png, args.step)
-    print(f"drawing: {png}")
-    return 0
+    return show(**{k: v for k, v in vars(args).items() if k != "command"})
 
 
 def _version() -> str:

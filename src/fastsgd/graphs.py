@@ -15,13 +15,17 @@ Graph = tuple[tuple[int, ...], ...]  # out-neighbours of each rank, sorted
 Keys = Callable[[str], str]  # option name ("rows", "graph_seed", ...) -> what the user typed
 
 
+def typed(key: str) -> bool:
+    """True for a key typed on the command line: a flag (--rows), or the command word that comes
+    before its positional (topology), rather than a config key (strategy.rows)."""
+    return key.startswith("-") or key.isidentifier()
+
+
 def said(key: str, value: object) -> str:
-    """A setting as the user writes it: `--rows 3` (a flag), `ring (NAME)` (a positional),
-    `strategy.rows = 3` or `strategy.weights = "uniform"` (a config key)."""
-    if key.startswith("-"):
+    """A setting as the user writes it: `--rows 3` (a flag), `topology ring` (the command and
+    its positional), `strategy.rows = 3` or `strategy.weights = "uniform"` (a config key)."""
+    if typed(key):
         return f"{key} {value}"
-    if key.isupper():
-        return f"{value} ({key})"
     return f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value}"
 
 

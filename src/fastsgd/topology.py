@@ -4,10 +4,9 @@ picklable data. D-PSGD (Lian et al. 2017), SGP and exponential graphs (Assran et
 
 from __future__ import annotations
 
-import math
+import functools
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastsgd.errors import UserError
@@ -20,6 +19,7 @@ from fastsgd.graphs import (
     said,
     torus_edges,
     torus_shape,
+    typed,
     undirected,
 )
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 TOPOLOGIES = ("complete", "star", "ring", "torus", "hypercube", "exponential", "onepeer", "random",
               "custom")
 WEIGHTINGS = ("uniform", "metropolis")
-CLI_KEYS = {"topology": "NAME", "weights": "--weights", "rows": "--rows", "cols": "--cols",
+CLI_KEYS = {"topology": "topology", "weights": "--weights", "rows": "--rows", "cols": "--cols",
             "degree": "--degree", "graph_seed": "--seed", "edges": "--edges"}
 
 
@@ -39,7 +39,8 @@ def config_key(name: str) -> str:
 
 
 def cli_key(name: str) -> str:
-    """How `fastsgd topology` spells option `name`: --rows, --seed, NAME (the positional)."""
+    """How `fastsgd topology` spells option `name`: --rows, --seed, and `topology` for the
+    positional NAME (said() gives `topology ring`, as the user typed it)."""
     return CLI_KEYS.get(name, name)
 
 
@@ -55,15 +56,17 @@ class Topology:
     rows: int = 0
     cols: int = 0
     _ins: tuple[Graph, ...] = field(init=False, repr=False, compare=False)
+    _directed: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_weighting(self.name, self.weighting, self.graphs, config_key)
         object.__setattr__(self, "_ins", tuple(invert(g) for g in self.graphs))
+        object.__setattr__(self, "_directed", self._ins != self.graphs)  # asked once per edge
 
     @property
     def directed(self) -> bool:
         """True if some rank sends to a peer that does not send back (at some step)."""
-        return self._ins != self.graphs
+        return self._directed
 
     @property
     def time_varying(self) -> bool:
@@ -97,11 +100,11 @@ class Topology:
         """The n x n float64 mixing matrix: W[i, j] is the weight i gives to j's value."""
         import torch
 
-        rows = [[0.0] * self.n for _ in range(self.n)]
+        w = torch.zeros(self.n, self.n, dtype=torch.float64)
         for i in range(self.n):
-            for j, wij in self.weights(i, step):
-                rows[i][j] = wij
-        return torch.tensor(rows, dtype=torch.float64)
+            peers, values = zip(*self.weights(i, step))
+            w[i, list(peers)] = torch.tensor(values, dtype=torch.float64)
+        return w
 
     def is_doubly_stochastic(self, step: int = 0, tol: float = 1e-9) -> bool:
         """True if the columns of W sum to 1 as well as the rows (gossip preserves the mean)."""
@@ -110,16 +113,43 @@ class Topology:
 
     def second_eigenvalue(self, step: int = 0) -> float:
         """Second largest |eigenvalue| of W: the per-step contraction of consensus distance."""
-        import torch
-
-        w = self.matrix(step)
-        symmetric = torch.allclose(w, w.T, atol=1e-12, rtol=0)
-        mags = (torch.linalg.eigvalsh(w) if symmetric else torch.linalg.eigvals(w)).abs()
-        return min(1.0, float(torch.sort(mags, descending=True).values[1])) if self.n > 1 else 0.0
+        return _second_eigenvalue(self, step % self.period)
 
     def spectral_gap(self, step: int = 0) -> float:
         """1 - second_eigenvalue(step); for time-varying graphs the gap of that one step."""
         return 1.0 - self.second_eigenvalue(step)
+
+
+@functools.lru_cache(maxsize=4)  # describe() and draw() ask for the same one
+def _second_eigenvalue(topology: Topology, step: int) -> float:
+    import torch
+
+    if topology.n == 1:
+        return 0.0
+    w = topology.matrix(step)
+    second = float(torch.sort(_magnitudes(w), descending=True).values[1])
+    return 1.0 if second > 1 - 1e-10 else second  # nearer 1 is round-off: a graph in parts
+
+
+def _magnitudes(w: torch.Tensor) -> torch.Tensor:
+    """|eigenvalues| of W by a symmetric eigensolver where one applies, as on every topology
+    here: W itself; D^1/2 W D^-1/2 for uniform weights on an undirected graph (W = D^-1 (A + I),
+    D = 1 / diag W); sqrt eig(W W^T) for a normal W (the one-peer graph's 0.5 (I + P))."""
+    import torch
+
+    def symmetric(m: torch.Tensor) -> bool:
+        return torch.allclose(m, m.T, atol=1e-12, rtol=0)
+
+    if symmetric(w):
+        return torch.linalg.eigvalsh(w).abs()
+    root = w.diagonal().rsqrt()
+    similar = root[:, None].reciprocal() * w * root[None, :]
+    if bool((w.diagonal() > 0).all()) and symmetric(similar):
+        return torch.linalg.eigvalsh(similar).abs()
+    gram = w @ w.T
+    if torch.allclose(gram, w.T @ w, atol=1e-12, rtol=0):
+        return torch.linalg.eigvalsh(gram).clamp(min=0).sqrt()
+    return torch.linalg.eigvals(w).abs()
 
 
 def _check_weighting(name: str, weighting: str, graphs: tuple[Graph, ...], keys: Keys) -> None:
@@ -158,8 +188,8 @@ def _graphs(name: str, n: int, shape: tuple[int, int], degree: int, seed: int,
         "exponential": lambda: [(i, (i + p) % n) for i in range(n) for p in powers],
     }
     if name == "hypercube" and n & (n - 1):
-        raise UserError(f"topology = \"hypercube\" ({keys('topology')}) needs a power-of-two "
-                        f"number of workers, got n = {n}")
+        raise UserError(f"{said(keys('topology'), 'hypercube')} needs a power-of-two number of "
+                        f"workers, got n = {n}")
     if name in edges_of:
         return (undirected(n, edges_of[name]()),)
     if name == "onepeer":
@@ -175,7 +205,8 @@ def build_topology(name: str, n: int, *, rows: int = 0, cols: int = 0, degree: i
     """The named topology on n workers with uniform or Metropolis-Hastings mixing weights.
     Errors name each setting as `keys(option)` does: config_key (strategy.rows) or cli_key."""
     if name not in TOPOLOGIES:
-        raise UserError(f"unknown topology {name!r} ({keys('topology')}); "
+        where = "" if typed(keys("topology")) else f" ({keys('topology')})"
+        raise UserError(f"unknown topology {name!r}{where}; "
                         f"choose one of: {', '.join(TOPOLOGIES)}")
     if not isinstance(n, int) or n < 1:
         raise UserError(f"topology '{name}' needs at least 1 worker, got n = {n!r}")
@@ -183,47 +214,3 @@ def build_topology(name: str, n: int, *, rows: int = 0, cols: int = 0, degree: i
     graphs = _graphs(name, n, shape, degree, seed, edges, keys)
     _check_weighting(name, weighting, graphs, keys)
     return Topology(name, n, weighting, graphs, rows=shape[0], cols=shape[1])
-
-
-def describe(topology: Topology, step: int = 0) -> str:
-    """A text table of the mixing weights, one line per worker, and the spectral gap."""
-    t = topology
-    shape = f", {t.rows} x {t.cols}" if t.rows else ""
-    period = f", period {t.period}, step {step}" if t.time_varying else ""
-    lines = [f"topology {t.name} (n = {t.n}{shape}, weights {t.weighting}{period})"]
-    for i in range(t.n):
-        cells = [f"{'self' if j == i else j}({w:.4g})" for j, w in t.weights(i, step)]
-        lines.append(f"{i:>4}: " + " ".join(cells))
-    ds = "doubly stochastic" if t.is_doubly_stochastic(step) else "not doubly stochastic"
-    lines.append(f"second eigenvalue {t.second_eigenvalue(step):.4f}, "
-                 f"spectral gap {t.spectral_gap(step):.4f}; W is {ds}")
-    return "\n".join(lines)
-
-
-def draw(topology: Topology, path: str | Path, step: int = 0) -> None:
-    """Save a PNG of the graph at `step`: a grid for the torus, a circle otherwise."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t, angle = topology, lambda i: math.pi / 2 - 2 * math.pi * i / topology.n
-    pos = [(i % t.cols, -(i // t.cols)) if t.name == "torus" else
-           (math.cos(angle(i)), math.sin(angle(i))) for i in range(t.n)]
-    fig, ax = plt.subplots(figsize=(6, 6))
-    for i in range(t.n):
-        for j in t.out_neighbors(i, step):
-            if t.directed or i < j:
-                far = abs(pos[i][0] - pos[j][0]) + abs(pos[i][1] - pos[j][1]) > 1.01
-                bend = 0.3 if t.name == "torus" and far else 0.0  # wrap-around edges
-                ax.annotate("", xy=pos[j], xytext=pos[i], arrowprops=dict(
-                    arrowstyle="-|>" if t.directed else "-", color="0.4", shrinkA=11, shrinkB=11,
-                    connectionstyle=f"arc3,rad={bend}"))
-    ax.scatter(*zip(*pos), s=400, c="white", edgecolors="black", zorder=2)
-    for i, (x, y) in enumerate(pos):
-        ax.text(x, y, str(i), ha="center", va="center", fontsize=8, zorder=3)
-    ax.set(title=f"{t.name}, n = {t.n}{f', step {step}' * t.time_varying}, spectral gap "
-           f"{t.spectral_gap(step):.3f}", aspect="equal", xmargin=0.15, ymargin=0.15)
-    ax.axis("off")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
