@@ -41,7 +41,7 @@ class Option:
     def line(self, key: str) -> str:
         """`key`'s line in `fastsgd keys`: its type, default and meaning."""
         default = toml_value(self.default)
-        return f"  {key:<16} {self.type.__name__:<5} {default:<16} {self.doc}".rstrip()
+        return f"  {key:<19} {self.type.__name__:<5} {default:<16} {self.doc}".rstrip()
 
 
 INT64 = 2 ** 63  # TOML's integers are 64-bit; torch's seeds and counters are too
