@@ -252,7 +252,7 @@ def test_cli_key_names_every_option():
     ("custom", 4, {"edges": [[0, 1], [2, 2]]}, ["--edges item 2-2"]),
     ("custom", 4, {"edges": [[0, 1], [2, 3]]}, ["--edges do not connect all 4 workers"]),
     ("mesh", 4, {}, ["unknown topology 'mesh'; choose one of"]),
-    ("hypercube", 6, {}, ["topology hypercube needs a power-of-two", "n = 6"]),
+    ("hypercube", 6, {}, ["topology hypercube needs a power-of-two", "got --workers 6"]),
     ("ring", 4, {"weighting": "max"}, ["'max' (--weights)"]),
     ("onepeer", 4, {"weighting": "metropolis"}, ["--weights metropolis needs an undirected",
                                                  "use --weights uniform"]),

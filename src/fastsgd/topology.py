@@ -30,12 +30,14 @@ TOPOLOGIES = ("complete", "star", "ring", "torus", "hypercube", "exponential", "
               "custom")
 WEIGHTINGS = ("uniform", "metropolis")
 CLI_KEYS = {"topology": "topology", "weights": "--weights", "rows": "--rows", "cols": "--cols",
-            "degree": "--degree", "graph_seed": "--seed", "edges": "--edges"}
+            "degree": "--degree", "graph_seed": "--seed", "edges": "--edges",
+            "workers": "--workers"}
 
 
 def config_key(name: str) -> str:
-    """How the config file spells option `name` (TOPOLOGY_OPTIONS): strategy.rows, ..."""
-    return f"strategy.{name}"
+    """How the config file spells option `name` (TOPOLOGY_OPTIONS): strategy.rows, ...;
+    the workers are run.workers."""
+    return "run.workers" if name == "workers" else f"strategy.{name}"
 
 
 def cli_key(name: str) -> str:
@@ -189,7 +191,7 @@ def _graphs(name: str, n: int, shape: tuple[int, int], degree: int, seed: int,
     }
     if name == "hypercube" and n & (n - 1):
         raise UserError(f"{said(keys('topology'), 'hypercube')} needs a power-of-two number of "
-                        f"workers, got n = {n}")
+                        f"workers, got {said(keys('workers'), n)}")
     if name in edges_of:
         return (undirected(n, edges_of[name]()),)
     if name == "onepeer":
