@@ -208,7 +208,7 @@ def test_other_errors():
         build_topology("ring", 4, weighting="max")
     with pytest.raises(UserError, match="strategy.weights.*directed"):
         build_topology("onepeer", 4, weighting="metropolis")
-    with pytest.raises(UserError, match='strategy.topology = "hypercube" needs.*n = 6'):
+    with pytest.raises(UserError, match='strategy.topology = "hypercube" needs.*got run.workers = 6'):
         build_topology("hypercube", 6)
     with pytest.raises(UserError, match="at least 1 worker"):
         build_topology("ring", 0)
@@ -233,7 +233,7 @@ def _unlucky_random(keys: topology.Keys) -> None:
 
 def test_cli_key_names_every_option():
     assert set(CLI_KEYS) == {"topology", "weights", "rows", "cols", "degree", "graph_seed",
-                             "edges"}
+                             "edges", "workers"}
     assert [cli_key(k) for k in ("topology", "graph_seed", "rows")] == ["topology", "--seed",
                                                                        "--rows"]
     assert graphs.said("topology", "ring") == "topology ring"
