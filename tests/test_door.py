@@ -34,6 +34,12 @@ def test_joining_a_file_is_one_line(tmp_path, capsys):
                                        "`fastsgd run`\n")
 
 
+def test_joining_a_missing_folder_says_so(tmp_path, capsys):
+    assert main(["join", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fastsgd: error: {tmp_path / 'nope'}: no such run directory\n"
+
+
 def test_a_door_of_an_older_fastsgd_is_refused(tmp_path):
     old = dict.fromkeys(HEADER[:10], 0) | {"magic": OLD_MAGIC, "workers": 2, "closed": 1}
     (tmp_path / ".door").write_bytes(struct.pack("10q", *old.values()) + bytes(8 * 6 * 2))

@@ -129,3 +129,25 @@ def test_ctrl_c_while_the_workers_start_stops_those_started():
         _stop(procs, Stop(ctx, 2))
     assert stopped.value.step is None  # not every worker wrote a checkpoint
     assert procs[0].exitcode == 0
+
+
+class _InterruptingStart:
+    """A process whose start() gets a Ctrl-C, as a fork that the user interrupts."""
+
+    started = 0
+
+    def start(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        _InterruptingStart.started += 1
+
+
+def test_a_ctrl_c_during_the_forks_is_raised_after_them():
+    """A Ctrl-C inside a fork was raised in an after-fork hook, where Python ignores it, and
+    the run went on to its end: forked() holds it back until every process has started."""
+    from fastsgd.forking import forked
+
+    _InterruptingStart.started = 0
+    with pytest.raises(KeyboardInterrupt):
+        forked([_InterruptingStart(), _InterruptingStart()])
+    assert _InterruptingStart.started == 2
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])

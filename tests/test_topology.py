@@ -208,7 +208,8 @@ def test_other_errors():
         build_topology("ring", 4, weighting="max")
     with pytest.raises(UserError, match="strategy.weights.*directed"):
         build_topology("onepeer", 4, weighting="metropolis")
-    with pytest.raises(UserError, match='strategy.topology = "hypercube" needs.*got run.workers = 6'):
+    with pytest.raises(UserError,
+                       match='strategy.topology = "hypercube" needs.*got run.workers = 6'):
         build_topology("hypercube", 6)
     with pytest.raises(UserError, match="at least 1 worker"):
         build_topology("ring", 0)

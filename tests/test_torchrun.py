@@ -135,3 +135,14 @@ def test_ctrl_c_under_torchrun_stops_every_worker_with_a_checkpoint(tmp_path, st
                              capture_output=True, text=True, timeout=300, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["steps"] == step + 20
+
+
+@pytest.mark.parametrize("key", ["join", "rejoin"])
+def test_joining_is_refused_under_torchrun(key):
+    """torchrun's agent stops every worker when one dies: run.rejoin did nothing there."""
+    from fastsgd import config as cfg
+    from fastsgd.errors import ConfigError
+    from fastsgd.torchrun import train_under_torchrun
+
+    with pytest.raises(ConfigError, match=rf"^run.{key} = true .*not (into|under) torchrun"):
+        train_under_torchrun(cfg.validate({"run": {key: True}}), None)

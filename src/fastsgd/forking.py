@@ -31,11 +31,15 @@ def forked(processes: list[mp.process.BaseProcess]) -> None:
     join a thread the child does not have (seen as a worker hung in its first steps)."""
     gc.collect()  # here, where the threads such objects wait for are still running
     gc.freeze()
+    # a Ctrl-C that lands inside a fork is raised in an after-fork hook, where Python ignores
+    # it: the run went on to its end. Held back until the forks are done, it is raised here.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         for process in processes:
             process.start()
     finally:
         gc.unfreeze()
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def worker_environment(rank: int, world: int, port: int, restart: int = 0) -> None:
@@ -52,6 +56,7 @@ def child(fn: Callable[[], object], rank: int, world: int, port: int,
     """`join`: None, or the run takes new workers in lost ones' places (run.rejoin): "",
     or "STEP:DONOR:SINCE" in such a new worker (SINCE: the step the donor's process joined at)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (interrupt.py)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held back by forked()
     share(stop)
     if join is not None:
         os.environ["FASTSGD_REJOIN"] = "1"  # keep the message port open for joiners

@@ -70,6 +70,8 @@ class Slots:
         try:
             fd = os.open(path, os.O_RDWR)
         except FileNotFoundError:
+            if not path.parent.exists():
+                raise UserError(f"{path.parent}: no such run directory") from None
             raise UserError(f"{path.parent}: no run there takes new workers now (no "
                             f"{path.name}): fastsgd join needs a running `fastsgd run` with "
                             "run.join = true") from None

@@ -29,6 +29,10 @@ def train_under_torchrun(config: dict, make_plan: PlanFn) -> tuple[dict[str, Any
     if run["join"]:
         raise ConfigError(NO_JOIN.format(where="torchrun", instead="torchrun's own "
                                          "--max-restarts restarts every worker"))
+    if run["rejoin"]:  # torchrun's agent stops every worker when one dies: none to rejoin
+        raise ConfigError("run.rejoin = true starts new processes in lost ones' places under "
+                          "`fastsgd run` and the simulator, not under torchrun: torchrun's "
+                          "own --max-restarts restarts every worker")
     transport = TorchTransport(backend_of(config), run["timeout"])
     stop = StoreStop(transport.store(), transport.rank, transport.world_size)
     interrupt.share(stop)
