@@ -20,12 +20,8 @@ from fastsgd.profiling import needs_profile, profiled
 from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
 from fastsgd.transport.sim.compute import PHASES, check_times, compute_model
 from fastsgd.transport.sim.lanes import ahead_for, cores, draws_random
-from fastsgd.units import format_ns, parse_bandwidth, parse_seconds
+from fastsgd.units import format_bandwidth, format_ns, format_seconds
 from fastsgd.worker import train
-
-SECONDS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
-BANDWIDTHS = (("Tbit", 1e12 / 8), ("Gbit", 1e9 / 8), ("Mbit", 1e6 / 8), ("kbit", 1e3 / 8),
-              ("bit", 1 / 8), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1))
 
 
 def prepared(config: dict, network: Network | None,
@@ -92,13 +88,13 @@ def simulate_plan(plan: Plan, net: Network, faults: Faults) -> None:
 
 def network_section(net: Network, seed: int) -> dict[str, Any]:
     """`net` as `[network]` keys (its seed -1 where it is the run's `seed`)."""
-    return {"bandwidth": _bandwidth(net.bandwidth), "latency": _seconds(net.latency),
-            "jitter": _seconds(net.jitter), "seed": -1 if net.seed == seed else net.seed,
+    return {"bandwidth": format_bandwidth(net.bandwidth), "latency": format_seconds(net.latency),
+            "jitter": format_seconds(net.jitter), "seed": -1 if net.seed == seed else net.seed,
             "workers_per_node": net.workers_per_node,
-            "intra_bandwidth": _bandwidth(net.intra_bandwidth),
-            "intra_latency": _seconds(net.intra_latency),
-            "bandwidths": {str(r): _bandwidth(b) for r, b in net.bandwidths},
-            "loss": net.loss, "rto": _seconds(net.rto), "mtu": net.mtu}
+            "intra_bandwidth": format_bandwidth(net.intra_bandwidth),
+            "intra_latency": format_seconds(net.intra_latency),
+            "bandwidths": {str(r): format_bandwidth(b) for r, b in net.bandwidths},
+            "loss": net.loss, "rto": format_seconds(net.rto), "mtu": net.mtu}
 
 
 def compute_section(model: ComputeModel, seed: int) -> dict[str, Any]:
@@ -110,7 +106,7 @@ def compute_section(model: ComputeModel, seed: int) -> dict[str, Any]:
     fixed, spread, rate = model.kind == "fixed", model.spread, model.reduce_bandwidth
     times = {p: _ns(model.times.get(p, 0)) if fixed else "" for p in PHASES}
     return {"model": model.kind, "step_time": "", **times, "profiled": {},
-            "reduce_bandwidth": _bandwidth(rate) if rate else "",
+            "reduce_bandwidth": format_bandwidth(rate) if rate else "",
             "slowdown": list(spread.slowdown), "straggler_prob": spread.straggler_prob,
             "straggler_factor": spread.straggler_factor, "sigma": spread.sigma,
             "seed": -1 if spread.seed == seed else spread.seed,
@@ -143,26 +139,6 @@ def _same(section: str, given: Any, rebuilt: Any, fields: list[str]) -> None:
 
 def _ns(value: Any) -> str:
     return format_ns(value) if isinstance(value, int) else f"{value!r}ns"
-
-
-def _seconds(value: float) -> str:
-    """A time as parse_seconds reads back exactly, in the largest unit that holds it."""
-    return _exact(value, SECONDS, parse_seconds, "s")
-
-
-def _bandwidth(value: float) -> str:
-    return _exact(value, BANDWIDTHS, parse_bandwidth, "B")
-
-
-def _exact(value: float, units: tuple[tuple[str, float], ...], parse: Any, base: str) -> str:
-    for unit, scale in units:
-        text = f"{round(value / scale)}{unit}"
-        try:
-            if (value == 0 or round(value / scale)) and parse(text) == value:
-                return text
-        except (ConfigError, OverflowError, TypeError, ValueError):
-            pass
-    return f"{value!r}{base}"
 
 
 def compute_lanes(plan: Plan, compute: ComputeModel) -> tuple[int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 from fastsgd.errors import ConfigError
 
@@ -62,6 +63,30 @@ def _parse(text: str, units: dict[str, float], key: str, example: str) -> float:
     if not match or scale is None:
         raise ConfigError(f"{key}: cannot read {text!r} ({example})")
     return float(match.group(1)) * scale
+
+
+def format_seconds(value: float) -> str:
+    """A time that parse_seconds reads back exactly, in the largest unit that holds it."""
+    return _exact(value, ("s", "ms", "us", "ns"), _TIME_UNITS, parse_seconds, "s")
+
+
+def format_bandwidth(value: float) -> str:
+    """A bandwidth (bytes/s) that parse_bandwidth reads back exactly: 1.25e8 -> '1Gbit'."""
+    spelled = ("Tbit", "Gbit", "Mbit", "kbit", "bit", "TB", "GB", "MB", "kB", "B")
+    return _exact(value, spelled, _BANDWIDTH_UNITS, parse_bandwidth, "B")
+
+
+def _exact(value: float, spelled: tuple[str, ...], units: dict[str, float],
+           parse: Callable[[str], float], base: str) -> str:
+    for unit in spelled:
+        count = round(value / units[unit.lower()])
+        text = f"{count}{unit}"
+        try:
+            if (value == 0 or count) and parse(text) == value:
+                return text
+        except (ConfigError, OverflowError):
+            pass
+    return f"{value!r}{base}"
 
 
 def format_ns(ns: int) -> str:
