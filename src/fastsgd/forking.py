@@ -15,7 +15,7 @@ import torch
 
 from fastsgd.door import GONE, GONE_FAILED
 from fastsgd.errors import UserError, WorkerFailed
-from fastsgd.interrupt import DONOR_LOST, Stop, share
+from fastsgd.interrupt import DONOR_LOST, Stop, held, share
 
 # the reports of failed workers share the error queue's pipe (64 kB): a worker whose report
 # does not fit blocks in put() until the launcher reads it, which it does once the worker
@@ -33,13 +33,12 @@ def forked(processes: list[mp.process.BaseProcess]) -> None:
     gc.freeze()
     # a Ctrl-C that lands inside a fork is raised in an after-fork hook, where Python ignores
     # it: the run went on to its end. Held back until the forks are done, it is raised here.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        for process in processes:
-            process.start()
+        with held():
+            for process in processes:
+                process.start()
     finally:
         gc.unfreeze()
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def worker_environment(rank: int, world: int, port: int, restart: int = 0) -> None:
@@ -56,7 +55,6 @@ def child(fn: Callable[[], object], rank: int, world: int, port: int,
     """`join`: None, or the run takes new workers in lost ones' places (run.rejoin): "",
     or "STEP:DONOR:SINCE" in such a new worker (SINCE: the step the donor's process joined at)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (interrupt.py)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held back by forked()
     share(stop)
     if join is not None:
         os.environ["FASTSGD_REJOIN"] = "1"  # keep the message port open for joiners
