@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from fastsgd import Replica
-from fastsgd.data import Shard, load_dataset
-from fastsgd.launch import launch
-from fastsgd.models import build_model
+from fastsgd.launch.local import launch
 from fastsgd.strategies import AllReduce
 from fastsgd.transport.torch_dist import TorchTransport
+from fastsgd.workloads.data import Shard, load_dataset
+from fastsgd.workloads.models import build_model
 
 
 def _setup(args, dataset, transport, wrap):

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fastsgd.rundir import cpu_name
+from fastsgd.records.rundir import cpu_name
 
 __all__ = ["cpu_name", "overrides", "simulate"]  # cpu_name: for the figures' captions
 

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_name  # noqa: E402
 
 import fastsgd as fs  # noqa: E402
-from fastsgd.data import load_dataset  # noqa: E402
 from fastsgd.errors import UserError  # noqa: E402
+from fastsgd.workloads.data import load_dataset  # noqa: E402
 
 CELLS = [("sgp", codec, {"compute.slowdown": [1, 1, 1, 3]}, 4)
          for codec in ("topk", "randomk", "dgc", "onebit", "sign", "qsgd")]

@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from fastsgd.data import load_dataset
-from fastsgd.models import build_model
+from fastsgd.workloads.data import load_dataset
+from fastsgd.workloads.models import build_model
 
 
 def train(data, batch: int, lr: float, epochs: int, warmup: float, target: float) -> None:

@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
-from fastsgd.models import build_model
+from fastsgd.workloads.models import build_model
 
 SHAPE, CLASSES, BATCH = (1, 28, 28), 10, 32
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from fastsgd.bench.hosts import run_nodes
 from fastsgd.bench.netns import EmulatedHosts, Refused, prepare_script
-from fastsgd.rundir import cpu_name
+from fastsgd.records.rundir import cpu_name
 
 GOAL = 0.15
 STRATEGIES = ("allreduce", "dpsgd", "sgp", "ps")

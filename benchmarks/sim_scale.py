@@ -68,11 +68,11 @@ import torch
 import torch.nn.functional as F
 
 import fastsgd as fs
-from fastsgd.components import optimizer_from_config
-from fastsgd.data import Dataset, Shard, load_dataset
-from fastsgd.models import build_model
-from fastsgd.toml_files import parse_override
+from fastsgd.config.toml_files import parse_override
+from fastsgd.loop.components import optimizer_from_config
 from fastsgd.transport.sim.lanes import cores
+from fastsgd.workloads.data import Dataset, Shard, load_dataset
+from fastsgd.workloads.models import build_model
 
 BATCH, LR, MOMENTUM = 32, 0.05, 0.9
 SGD = optimizer_from_config({"name": "sgd", "lr": LR, "momentum": MOMENTUM, "nesterov": False,

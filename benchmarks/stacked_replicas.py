@@ -41,7 +41,7 @@ from common import cpu_name
 from torch import nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from fastsgd.models import build_model
+from fastsgd.workloads.models import build_model
 
 BATCH, SHAPE, CLASSES, LR, MOMENTUM = 32, (1, 28, 28), 10, 0.05, 0.9
 

@@ -9,8 +9,8 @@ os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")  # before MKL's first call: se
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from fastsgd.data import load_dataset  # noqa: E402
-from fastsgd.models import build_model  # noqa: E402
+from fastsgd.workloads.data import load_dataset  # noqa: E402
+from fastsgd.workloads.models import build_model  # noqa: E402
 
 MAX_PARALLEL = 8  # test processes at once (pytest-xdist): many tests start several workers
 
@@ -42,7 +42,7 @@ def reference_sgd(dataset, batch_size, steps, lr=0.05, momentum=0.9, seed=0, mod
                   **sgd):
     """Plain PyTorch, one worker, the same samples in the same order: the ground truth
     (`sgd`: more arguments of torch.optim.SGD)."""
-    from fastsgd.data import Shard
+    from fastsgd.workloads.data import Shard
 
     torch.manual_seed(seed)
     net = build_model(model, dataset.input_shape, dataset.num_classes)

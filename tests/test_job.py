@@ -4,8 +4,9 @@ import pytest
 
 import fastsgd.job
 from fastsgd import Job
-from fastsgd import config as cfg
+from fastsgd.config import schema as cfg
 from fastsgd.errors import ConfigError, UserError
+from fastsgd.strategies import CHOICES
 
 SMALL = {"data.name": "digits", "model.name": "mlp", "run.workers": 2, "run.steps": 3}
 
@@ -100,7 +101,7 @@ def test_objects_given_to_simulate_are_recorded_and_repeat(tmp_path):
                                      "update": 50_000}, 3e9, spread)
     first = Job(options={**SIM, "run.out": str(tmp_path / "a")}, quiet=True).simulate(
         network=net, compute=compute)
-    written = cfg.load(first.run_dir / "config.toml")
+    written = cfg.load(CHOICES, first.run_dir / "config.toml")
     assert (written["network"]["bandwidth"], written["network"]["latency"],
             written["network"]["seed"]) == ("1Mbit", "20ms", 7)
     assert (written["compute"]["model"], written["compute"]["backward"],
@@ -144,7 +145,7 @@ def test_a_relative_trace_is_recorded_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "here")
     first = Job(options={**SIM, **FIXED, "compute.trace": "ok.csv",
                          "run.out": str(tmp_path / "a")}, quiet=True).simulate()
-    written = cfg.load(first.run_dir / "config.toml")["compute"]["trace"]
+    written = cfg.load(CHOICES, first.run_dir / "config.toml")["compute"]["trace"]
     assert written == str(tmp_path / "here" / "ok.csv")
     monkeypatch.chdir(tmp_path)
     again = Job(config=first.run_dir / "config.toml", options={"run.out": str(tmp_path / "b")},

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import fastsgd as fs
-from fastsgd.checked_step import StepChecks
 from fastsgd.errors import ConfigError, UserError
+from fastsgd.loop.checked_step import StepChecks
 
 SMALL = {"data.name": "synthetic", "model.name": "mlp", "run.workers": 2, "run.steps": 3}
 # the workers' own loop: no profiling of the step, no compute lanes trying it first

@@ -20,22 +20,25 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
 
 if TYPE_CHECKING:
-    from fastsgd import data, models
     from fastsgd.compress import Identity
     from fastsgd.errors import ConfigError, UserError
     from fastsgd.job import Job
-    from fastsgd.replica import Replica
-    from fastsgd.results import Result
+    from fastsgd.loop.replica import Replica
+    from fastsgd.loop.results import Result
     from fastsgd.strategies import AllReduce, Context, Strategy
     from fastsgd.transport.base import Transport
     from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, SimTransport
     from fastsgd.transport.torch_dist import TorchTransport
+    from fastsgd.workloads import data, models
 
-__version__ = "0.1.0"
+from fastsgd.config import VERSION
 
-_WHERE = {"data": "fastsgd.data", "models": "fastsgd.models", "Identity": "fastsgd.compress",
+__version__ = VERSION
+
+_WHERE = {"data": "fastsgd.workloads.data", "models": "fastsgd.workloads.models",
+          "Identity": "fastsgd.compress",
           "ConfigError": "fastsgd.errors", "UserError": "fastsgd.errors",
-          "Job": "fastsgd.job", "Result": "fastsgd.results", "Replica": "fastsgd.replica",
+          "Job": "fastsgd.job", "Result": "fastsgd.loop.results", "Replica": "fastsgd.loop.replica",
           "AllReduce": "fastsgd.strategies", "Context": "fastsgd.strategies",
           "Strategy": "fastsgd.strategies", "Transport": "fastsgd.transport.base",
           "ComputeModel": "fastsgd.transport.sim", "Heterogeneity": "fastsgd.transport.sim",
@@ -52,7 +55,7 @@ def __getattr__(name: str) -> Any:
     if where is None:
         raise AttributeError(f"module 'fastsgd' has no attribute {name!r}")
     module = importlib.import_module(where)
-    value = module if where == f"fastsgd.{name}" else getattr(module, name)
+    value = module if where.endswith(f".{name}") else getattr(module, name)
     globals()[name] = value
     return value
 

@@ -1,5 +1,5 @@
 import sys
 
-from fastsgd.cli import main
+from fastsgd.cli.main import main
 
 sys.exit(main())

@@ -9,10 +9,19 @@ from typing import Any
 
 import torch
 
-from fastsgd import config as cfg
 from fastsgd import pack
-from fastsgd.checkpoint import steps
-from fastsgd.components import (
+from fastsgd.compress import Compressor, build_compressor
+from fastsgd.config import schema as cfg
+from fastsgd.config.objects import described, is_import_path, resolve
+from fastsgd.errors import ConfigError, UserError
+from fastsgd.frameworks import brings_its_step, model_loss_step
+from fastsgd.frameworks.base import NO_DDP
+from fastsgd.launch.local import launch
+from fastsgd.launch.processes import door_of, expendable, rejoin_steps, train_process
+from fastsgd.launch.simulate import prepared, simulate_plan
+from fastsgd.launch.supervise import supervise
+from fastsgd.launch.torchrun import NO_JOIN, train_under_torchrun
+from fastsgd.loop.components import (
     OptimizerFn,
     function_argument,
     function_from_config,
@@ -21,27 +30,18 @@ from fastsgd.components import (
     optimizer_from_config,
     record,
 )
-from fastsgd.compress import Compressor, build_compressor
-from fastsgd.data import Dataset, Shard, load_dataset
-from fastsgd.errors import ConfigError, UserError
-from fastsgd.frameworks import brings_its_step, model_loss_step
-from fastsgd.frameworks.base import NO_DDP
-from fastsgd.launch import launch
-from fastsgd.models import build_model
-from fastsgd.objects import described, is_import_path, resolve
+from fastsgd.loop.plan import EvalFn, Plan, StepFn, evaluate_classifier
+from fastsgd.loop.results import Result, result_of
 from fastsgd.pack import PACKED, PackedFactory
-from fastsgd.plan import EvalFn, Plan, StepFn, evaluate_classifier
-from fastsgd.processes import door_of, expendable, rejoin_steps, train_process
-from fastsgd.results import Result, result_of
-from fastsgd.rundir import agree, claim, default_out, dropped_if_empty, make_run_folder
-from fastsgd.simulation import prepared, simulate_plan
-from fastsgd.strategies import Strategy, build_strategy
+from fastsgd.records.checkpoint import steps
+from fastsgd.records.rundir import agree, claim, default_out, dropped_if_empty, make_run_folder
+from fastsgd.strategies import CHOICES, Strategy, build_strategy
 from fastsgd.strategies.base import check_codec
-from fastsgd.supervise import supervise
-from fastsgd.torchrun import NO_JOIN, train_under_torchrun
 from fastsgd.transport.sim import ComputeModel, Faults, Network
 from fastsgd.transport.sim.compute import heterogeneity
 from fastsgd.transport.torch_dist import TorchTransport
+from fastsgd.workloads.data import Dataset, Shard, load_dataset
+from fastsgd.workloads.models import build_model
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
 ARCHIVE_SUFFIX = ".fsj"  # a job archive (fastsgd pack) in place of a config file
@@ -79,7 +79,7 @@ class Job:
         raw = cfg.read_toml(Path(config)) if isinstance(config, (str, Path)) else (config or {})
         chosen = {f"{s}.name": a for s, a in (("strategy", strategy), ("compression", compressor))
                   if isinstance(a, str)}  # a name given here picks a strategy as options do
-        raw = cfg.with_options(raw, {**(options or {}), **chosen}, source)
+        raw = cfg.with_options(raw, {**(options or {}), **chosen}, CHOICES, source)
         given = {"model": model, "step": step, "evaluate": evaluate, "optimizer": optimizer,
                  "data": data, "strategy": strategy, "compressor": compressor}
         run = raw.get("run")
@@ -91,7 +91,7 @@ class Job:
             else:
                 raw.setdefault(section, {}).update(values)
         _packed_defaults(raw)
-        self.config = cfg.validate(raw)
+        self.config = cfg.validate(raw, CHOICES)
         self._resolve(given)
         self.quiet, self.overwrite, self.resume = quiet, overwrite, resume is not None
         self._out_given = "run.out" in (options or {})
@@ -188,7 +188,7 @@ class Job:
     def _with_workers(self, workers: int | None) -> dict:
         if workers is None:
             return self.config
-        return cfg.merged(self.config, run={"workers": workers})
+        return cfg.merged(self.config, CHOICES, run={"workers": workers})
 
     def plan(self, config: dict, simulated: bool = False,
              transport: TorchTransport | None = None) -> Plan:
@@ -213,7 +213,7 @@ class Job:
                               "run.checkpoint_every = 0")
         make_model = self._model_factory(config, dataset)
         run_dir = self._run_dir(config, transport)
-        config = cfg.merged(config, run={"out": str(run_dir)})
+        config = cfg.merged(config, CHOICES, run={"out": str(run_dir)})
         return Plan(config=config, run_dir=run_dir, dataset=dataset, make_model=make_model,
                     make_optimizer=self._optimizer, step=self._step, evaluate=self._evaluate,
                     strategy=strategy, compressor=codec, simulated=simulated,

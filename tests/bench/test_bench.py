@@ -6,7 +6,7 @@ import json
 import pytest
 
 from fastsgd.bench import cells, load_spec
-from fastsgd.cli import main
+from fastsgd.cli.main import main
 from fastsgd.report.table import mlperf_score
 from tests.conftest import orphans
 

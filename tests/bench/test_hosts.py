@@ -14,7 +14,7 @@ import pytest
 from fastsgd.bench import hosts, netns
 from fastsgd.bench.runner import cell_dir, run_bench
 from fastsgd.bench.spec import cells, load_spec
-from fastsgd.cli import main
+from fastsgd.cli.main import main
 from fastsgd.errors import UserError
 from tests.conftest import needs_namespaces, one_host_test_at_a_time, orphans
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fastsgd.bench import run_bench
-from fastsgd.cli import main
+from fastsgd.cli.main import main
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install fastsgd[ray]; "
                                         ".ci/run installs it)")

@@ -98,7 +98,7 @@ def _truncated(out):
 def test_a_frame_cut_short_by_a_death_is_not_delivered(tmp_path):
     import torch
 
-    from fastsgd.launch import launch
+    from fastsgd.launch.local import launch
 
     launch(lambda: _truncated(tmp_path), 2)
     assert torch.load(tmp_path / "0.pt") == (1, [0.0, 1.0, 2.0, 3.0], [1], {1: 6}, [0])

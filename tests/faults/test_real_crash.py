@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from fastsgd import checkpoint
+from fastsgd.records import checkpoint
 
 COMMON = {"data.name": "digits", "model.name": "mlp", "run.workers": 3, "run.steps": 60,
           "run.checkpoint_every": 20, "run.on_failure": "restart"}

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from fastsgd.interrupt import Stop
-from fastsgd.slots import Slots
+from fastsgd.control.interrupt import Stop
+from fastsgd.control.slots import Slots
 from tests.faults.helpers import assert_joined_from_a_live_state
 
 STEPS, KILLED_AT = 900, 40

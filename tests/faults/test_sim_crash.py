@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import fastsgd as fs
-from fastsgd.data import load_dataset
 from fastsgd.errors import ConfigError
+from fastsgd.workloads.data import load_dataset
 
 FILES = ("model.pt", "metrics.jsonl", "eval.jsonl")
 CASES = {  # name: strategy options

@@ -19,10 +19,10 @@ optax = pytest.importorskip("optax", reason="optax is not installed (pip install
 import jax.numpy as jnp  # noqa: E402
 
 import fastsgd as fs  # noqa: E402
-from fastsgd.cli import main  # noqa: E402
+from fastsgd.cli.main import main  # noqa: E402
 from fastsgd.errors import UserError  # noqa: E402
 from fastsgd.frameworks import jax as fj  # noqa: E402
-from fastsgd.models import build_model  # noqa: E402
+from fastsgd.workloads.models import build_model  # noqa: E402
 
 ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "jax_vs_torch.py"

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from fastsgd import Job
-from fastsgd.cli import main
-from fastsgd.data import Dataset
+from fastsgd.cli.main import main
 from fastsgd.errors import UserError
-from fastsgd.models import build_model
 from fastsgd.pack import versions
 from fastsgd.pack.archive import read_archive
 from fastsgd.pack.packed import PackedFactory
+from fastsgd.workloads.data import Dataset
+from fastsgd.workloads.models import build_model
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def _cli_error(capsys, *argv) -> str:
 
 def test_a_packed_job_loads_and_starts_from_its_initial_parameters(archive):
     torch.manual_seed(0)
-    from fastsgd.models import build_model
+    from fastsgd.workloads.models import build_model
 
     source = build_model("mlp", (1, 8, 8), 10)
     expected_rng = torch.get_rng_state()

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from fastsgd.errors import UserError
-from fastsgd.models import build_model
+from fastsgd.loop.plan import cross_entropy_step
 from fastsgd.pack.export import export_programs
-from fastsgd.plan import cross_entropy_step
+from fastsgd.workloads.models import build_model
 
 
 def _load(data: bytes) -> torch.nn.Module:

@@ -5,7 +5,7 @@ that names a packed job by model.packed alone."""
 import pytest
 
 from fastsgd import Job
-from fastsgd.cli import main
+from fastsgd.cli.main import main
 from fastsgd.errors import UserError
 
 SCRIPT = ('import fastsgd as fs\n'

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from fastsgd import Job
-from fastsgd.launch import free_port
+from fastsgd.launch.local import free_port
+from tests.launch.test_torchrun import torchrun
 from tests.pack.user_job import SECRETS, write_script
-from tests.test_torchrun import torchrun
 
 SMALL = {"run.workers": 4, "run.steps": 20, "run.eval_every": 10, "compute.model": "fixed",
          "compute.step_time": "5ms"}

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 import fastsgd as fs
-from fastsgd.cli import main
+from fastsgd.cli.main import main
 from fastsgd.report import find_runs, load_run
 from fastsgd.report.table import rows
 

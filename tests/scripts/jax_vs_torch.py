@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import fastsgd as fs
-from fastsgd.models import build_model
+from fastsgd.workloads.models import build_model
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "examples"))
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from fastsgd.data import test_batches
-from fastsgd.models import build_model
-from fastsgd.replica import Replica
+from fastsgd.loop.replica import Replica
 from fastsgd.transport.sim import simulate
+from fastsgd.workloads.data import test_batches
+from fastsgd.workloads.models import build_model
 from tests.strategies.helpers import params, sim_job
 
 

@@ -6,7 +6,7 @@ import torch
 
 import fastsgd as fs
 from fastsgd.errors import ConfigError, UserError
-from tests.test_worker import InfiniteSlopeOnMarkedBatches, marked_digits
+from tests.loop.test_worker import InfiniteSlopeOnMarkedBatches, marked_digits
 
 OPTIONS = {"data.name": "digits", "model.name": "mlp", "run.steps": 40, "run.eval_every": 20}
 

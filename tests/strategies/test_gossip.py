@@ -9,7 +9,7 @@ import fastsgd as fs
 from fastsgd.compress import Identity
 from fastsgd.strategies import Context
 from fastsgd.strategies.gossip import DPSGD
-from fastsgd.topology import build_topology
+from fastsgd.topology.build import build_topology
 from fastsgd.transport.sim import simulate
 from tests.strategies.helpers import sim_job
 

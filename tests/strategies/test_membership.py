@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastsgd.strategies.membership import await_messages, healed_weights
-from fastsgd.topology import build_topology
+from fastsgd.topology.build import build_topology
 from fastsgd.transport.base import PeerLost
 
 

@@ -104,7 +104,7 @@ def test_the_servers_hold_every_push_simulated():
 
 @pytest.mark.multiproc
 def test_the_servers_hold_every_push_on_real_processes(tmp_path):
-    from fastsgd.launch import launch
+    from fastsgd.launch.local import launch
     from fastsgd.transport.torch_dist import TorchTransport
 
     def body():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fastsgd.errors import UserError
-from fastsgd.launch import launch
+from fastsgd.launch.local import launch
 from fastsgd.transport.frames import HEADER_BYTES
 from fastsgd.transport.sim import ComputeModel, Network, simulate
 from fastsgd.transport.torch_dist import TorchTransport

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from fastsgd import interrupt
-from fastsgd.launch import launch
+from fastsgd.control import interrupt
+from fastsgd.launch.local import launch
 from fastsgd.transport.base import GroupBroken
 from fastsgd.transport.torch_dist import TorchTransport
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import fastsgd as fs
-from fastsgd.data import load_dataset
 from fastsgd.transport.base import ring_allgather_bytes, ring_allreduce_bytes
 from fastsgd.transport.sim import ComputeModel, Faults, Network, simulate
 from fastsgd.transport.sim.compute import to_ns
 from fastsgd.transport.sim.faults import Crash
 from fastsgd.transport.sim.lanes import Deferred
+from fastsgd.workloads.data import load_dataset
 
 NET = Network.parse("100Mbit", "1ms", mtu=0)  # payload bytes only: S/B
 MS = 1_000_000  # ns

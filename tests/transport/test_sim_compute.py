@@ -115,9 +115,10 @@ def test_an_empty_end_has_no_end(tmp_path):
 
 
 def test_the_draws_seed_is_compute_seed_or_the_runs():
-    from fastsgd import config as cfg
+    from fastsgd.config import schema as cfg
+    from fastsgd.strategies import CHOICES
     from fastsgd.transport.sim.compute import heterogeneity
 
-    section = cfg.load(None, ["compute.sigma=0.5"])["compute"]
+    section = cfg.load(CHOICES, None, ["compute.sigma=0.5"])["compute"]
     assert heterogeneity(section, 3).seed == 3  # compute.seed = -1: the run's
     assert heterogeneity({**section, "seed": 5}, 3).seed == 5

@@ -64,7 +64,7 @@ def test_lanes_that_may_compute_only_one_worker_ahead_give_the_same_bits(strateg
     """Lanes compute at most `ahead` workers' steps ahead of the scheduler, the others in
     place (lanes.ahead_for: memory): which ones go where changes nothing."""
     first = _run(synthetic, tmp_path / "a", strategy, **{"compute.lanes": 0})
-    monkeypatch.setattr("fastsgd.simulation.ahead_for", lambda model, lanes: 1)
+    monkeypatch.setattr("fastsgd.launch.simulate.ahead_for", lambda model, lanes: 1)
     second = _run(synthetic, tmp_path / "b", strategy, **{"compute.lanes": 2})
     for name in FILES:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name

@@ -1,12 +1,12 @@
 """Bad simulator input ends in one line naming the key or file (and line), exit code 2
-(through the CLI's entry point in this process: tests/test_cli.py runs one case end to end)."""
+(through the CLI's entry point in this process: tests/cli/test_main.py runs one case end to end)."""
 
 import pytest
 
 import fastsgd as fs
-from fastsgd.cli import main
+from fastsgd.cli.main import main
 from fastsgd.errors import ConfigError
-from tests.test_cli import _one_line
+from tests.cli.test_main import _one_line
 
 SMALL = ["--set", "data.name=synthetic", "--set", "model.name=mlp", "--set", "run.steps=2",
          "--set", "run.workers=4", "--quiet"]

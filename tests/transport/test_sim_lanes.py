@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import fastsgd as fs
-from fastsgd.simulation import compute_lanes
+from fastsgd.launch.simulate import compute_lanes
 from fastsgd.transport.sim import ComputeModel
 from fastsgd.transport.sim.lanes import Lanes, LaneUser, draws_random
 
@@ -138,6 +138,6 @@ def test_deferred_work_raises_where_it_is_awaited_and_is_done_in_place_without_l
 
 @pytest.fixture(scope="module")
 def digits():
-    from fastsgd.data import load_dataset
+    from fastsgd.workloads.data import load_dataset
 
     return load_dataset("digits", seed=0)

@@ -5,9 +5,10 @@ would not repeats them; a time set by hand is refused, not silently measured ove
 import pytest
 
 from fastsgd import Job
-from fastsgd import config as cfg
+from fastsgd.config import schema as cfg
 from fastsgd.errors import ConfigError
-from fastsgd.profiling import KEYS
+from fastsgd.loop.profiling import KEYS
+from fastsgd.strategies import CHOICES
 
 SMALL = {"data.name": "digits", "model.name": "mlp", "run.workers": 2, "run.steps": 4,
          "run.eval_every": 0, "data.batch_size": 16}
@@ -26,12 +27,12 @@ def _again(config, out, capsys, **options) -> dict:
     """Simulate `config` with `options`; its [compute] section and what it said on stderr."""
     capsys.readouterr()
     result = Job(config=config, options={**options, "run.out": str(out)}, quiet=True).simulate()
-    return {**cfg.load(result.run_dir / "config.toml")["compute"],
+    return {**cfg.load(CHOICES, result.run_dir / "config.toml")["compute"],
             "said": capsys.readouterr().err}
 
 
 def test_the_profile_writes_what_it_measured_for(profiled):
-    compute = cfg.load(profiled)["compute"]
+    compute = cfg.load(CHOICES, profiled)["compute"]
     written = compute["profiled"]
     assert (written["model.name"], written["data.batch_size"], written["compression.name"],
             written["dtype"]) == ("mlp", 16, "none", "float32")
@@ -44,7 +45,8 @@ def test_the_profile_writes_what_it_measured_for(profiled):
 def test_what_does_not_change_the_times_keeps_them(options, profiled, tmp_path, capsys):
     again = _again(profiled, tmp_path / "b", capsys, **options)
     assert again["said"] == ""
-    assert {k: again[k] for k in KEYS} == {k: cfg.load(profiled)["compute"][k] for k in KEYS}
+    written = cfg.load(CHOICES, profiled)["compute"]
+    assert {k: again[k] for k in KEYS} == {k: written[k] for k in KEYS}
 
 
 @pytest.mark.parametrize("options, named", [
@@ -76,7 +78,7 @@ def test_a_time_set_by_hand_under_profile_is_refused(options, profiled, tmp_path
 
 def test_an_edited_time_in_the_file_is_refused(profiled, tmp_path, capsys):
     text = profiled.read_text()
-    forward = cfg.load(profiled)["compute"]["forward"]
+    forward = cfg.load(CHOICES, profiled)["compute"]["forward"]
     edited = tmp_path / "edited.toml"
     edited.write_text(text.replace(f'\nforward = "{forward}"', '\nforward = "9ms"'))
     with pytest.raises(ConfigError, match="^compute.forward = '9ms' is not a time profile"):
@@ -91,7 +93,7 @@ def test_a_cleared_time_profiles_again(profiled, tmp_path, capsys):
 def test_fixed_charges_the_profiled_times_or_a_step_time(profiled, tmp_path, capsys):
     """Under fixed, the profile's times are the user's to charge; step_time beside them
     replaces the profile's forward and backward (not the user's: test_sim_input)."""
-    written = cfg.load(profiled)["compute"]
+    written = cfg.load(CHOICES, profiled)["compute"]
     frozen = _again(profiled, tmp_path / "b", capsys, **{"compute.model": "fixed"})
     assert {k: frozen[k] for k in KEYS} == {k: written[k] for k in KEYS}
     stepped = _again(profiled, tmp_path / "c", capsys, **{"compute.model": "fixed",
@@ -104,5 +106,5 @@ def test_a_config_written_before_profiled_charges_its_times(profiled, tmp_path, 
     old.write_text("\n".join(line for line in profiled.read_text().splitlines()
                              if not line.startswith("profiled = ")))
     again = _again(old, tmp_path / "b", capsys)
-    written = cfg.load(profiled)["compute"]
+    written = cfg.load(CHOICES, profiled)["compute"]
     assert again["profiled"] == {} and all(again[k] == written[k] for k in TIMES)

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fastsgd import config as cfg
 from fastsgd.bench.spec import Cell, command
+from fastsgd.config import schema as cfg
 from fastsgd.errors import UserError
 
 RETRIES = 2  # a task whose worker process or node died is run again this often

@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastsgd import config as cfg
 from fastsgd.bench.netns import (
     MAX_HOSTS,
     EmulatedHosts,
@@ -38,9 +37,11 @@ from fastsgd.bench.netns import (
     exit_on_signals,
     remove_stale,
 )
+from fastsgd.config import schema as cfg
+from fastsgd.config.units import parse_bandwidth, parse_seconds
 from fastsgd.errors import ConfigError
+from fastsgd.strategies import CHOICES
 from fastsgd.transport.sim.network import Network
-from fastsgd.units import parse_bandwidth, parse_seconds
 
 PORT = 29500  # each namespace has ports of its own: always free
 LOG_TAIL = 3000  # characters of a failed node's log shown
@@ -146,7 +147,7 @@ def run_cell(spec: Path, out: Path) -> int:
     """Run the cell described by `spec` (a resolved configuration) into `out`; 0 when
     every node succeeded, 1 when one failed (its log is printed), 2 when this machine
     cannot emulate hosts or the configuration cannot be emulated."""
-    config = cfg.load(spec)
+    config = cfg.load(CHOICES, spec)
     check_config(config)
     prefix = f"fsgd{os.getpid()}"
     check_can_emulate(prefix)

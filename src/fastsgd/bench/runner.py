@@ -17,16 +17,16 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from fastsgd import config as cfg
 from fastsgd.bench.cluster import connect, run_cell_on_ray
 from fastsgd.bench.netns import Refused, check_can_emulate
 from fastsgd.bench.spec import Cell, cells, command, load_spec
+from fastsgd.config import schema as cfg
 from fastsgd.errors import Interrupted, UserError
-from fastsgd.metrics import write_json
-from fastsgd.progress import Progress
+from fastsgd.records.metrics import write_json
+from fastsgd.records.progress import Progress
+from fastsgd.records.rundir import holds_run
 from fastsgd.report import load_run, write_report
 from fastsgd.report.runs import LABELS
-from fastsgd.rundir import holds_run
 
 MAX_CELLS = 64
 ERROR_LINES = 5  # of a failed cell's stderr, in the bench's own output

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastsgd import config as cfg
+from fastsgd.config import schema as cfg
+from fastsgd.config.objects import is_import_path
+from fastsgd.config.options import Option, one_of, validate_section
 from fastsgd.errors import ConfigError, UserError
-from fastsgd.objects import is_import_path
-from fastsgd.options import Option, one_of, validate_section
-from fastsgd.strategies import build_strategy
+from fastsgd.strategies import CHOICES, build_strategy
 
 MODES = ("simulate", "run", "hosts")
 BENCH = {"mode": Option(str, "simulate", one_of(MODES), "how every cell runs")}  # [bench]
@@ -116,7 +116,7 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
                                       "(fastsgd keys lists them)")
             raw.setdefault(section, {}).update(table)
         try:  # a cell that cannot run is refused before any runs, not hours into the bench
-            config = cfg.validate(raw)
+            config = cfg.validate(raw, CHOICES)
             _check_strategy(config)
             if cell_mode == "hosts":  # imported here: `python -m fastsgd.bench.hosts` runs it
                 from fastsgd.bench.hosts import check_config

@@ -7,7 +7,7 @@ from fastsgd.compress.powersgd import PowerSGD
 from fastsgd.compress.qsgd import QSGD
 from fastsgd.compress.quantize import BF16, FP16, OneBit, Sign
 from fastsgd.compress.sparse import DGC, RandomK, TopK
-from fastsgd.options import Registry
+from fastsgd.config.options import Registry
 
 CODECS = Registry("compression", "codec", {
     cls.name: cls for cls in (Identity, FP16, BF16, OneBit, Sign, QSGD, TopK, RandomK, DGC,

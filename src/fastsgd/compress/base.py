@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from fastsgd.options import Configurable, Option
+from fastsgd.config.options import Configurable, Option
 
 Payload = dict[str, torch.Tensor]
 

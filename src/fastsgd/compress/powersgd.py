@@ -16,8 +16,8 @@ import torch
 
 from fastsgd.compress import kernels
 from fastsgd.compress.base import Codec, Payload
+from fastsgd.config.options import Option, at_least
 from fastsgd.errors import UserError
-from fastsgd.options import Option, at_least
 from fastsgd.transport.base import Transport
 
 

@@ -13,7 +13,7 @@ import torch
 from fastsgd.compress import kernels
 from fastsgd.compress.base import Codec, Payload
 from fastsgd.compress.bits import block_rows, blocks, pack_bits, unpack_bits, unpack_bytes
-from fastsgd.options import Option, at_least
+from fastsgd.config.options import Option, at_least
 
 
 class QSGD(Codec):

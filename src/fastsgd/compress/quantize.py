@@ -30,7 +30,7 @@ from fastsgd.compress.bits import (
     unpack_flag_rows,
     unpack_flags,
 )
-from fastsgd.options import Option, at_least
+from fastsgd.config.options import Option, at_least
 
 
 class Cast(Codec):

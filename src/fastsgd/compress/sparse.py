@@ -25,7 +25,7 @@ import torch
 from fastsgd.compress import kernels
 from fastsgd.compress.base import Codec, Payload
 from fastsgd.compress.shuffle import randperm_head
-from fastsgd.options import Option, at_least, between
+from fastsgd.config.options import Option, at_least, between
 
 
 def unit_ratio(v: float) -> str | None:

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fastsgd.data import Dataset
 from fastsgd.errors import UserError
 from fastsgd.frameworks.base import register, user_code_failed
+from fastsgd.workloads.data import Dataset
 
 Params = Any  # a pytree of arrays
 

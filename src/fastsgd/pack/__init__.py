@@ -15,15 +15,17 @@ from typing import Any
 
 import torch
 
-from fastsgd import config as cfg
-from fastsgd.data import Dataset
+from fastsgd.config import VERSION
+from fastsgd.config import schema as cfg
+from fastsgd.config.objects import is_import_path
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks.base import NO_DDP
-from fastsgd.objects import is_import_path
 from fastsgd.pack.archive import Archive, read_archive, write_archive
 from fastsgd.pack.export import StepFn, export_programs
 from fastsgd.pack.packed import PackedFactory, PackedModel, signature
 from fastsgd.pack.validate import check_program
+from fastsgd.strategies import CHOICES
+from fastsgd.workloads.data import Dataset
 
 __all__ = ["Archive", "PackedFactory", "PackedModel", "archive_config", "check_config", "pack",
            "read_archive", "versions"]
@@ -34,9 +36,7 @@ BUILTIN_NAMES = {"optimizer.name": ("sgd", "adam"), "model.evaluate": ("accuracy
 
 
 def versions() -> dict[str, str]:
-    from fastsgd import __version__
-
-    return {"fastsgd": __version__, "torch": torch.__version__}
+    return {"fastsgd": VERSION, "torch": torch.__version__}
 
 
 def pack(config: dict[str, Any], make_model: Callable[[], torch.nn.Module], step: StepFn,
@@ -132,7 +132,7 @@ def archive_config(path: str | Path, options: dict[str, Any]) -> tuple[dict, dic
                           "archive, whose model is its own; leave model.packed out")
     config = read_archive(path, versions()).config
     try:
-        check_config(cfg.validate(config))
+        check_config(cfg.validate(config, CHOICES))
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
     return config, {**options, "model.packed": str(Path(path).resolve())}

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastsgd.data import Dataset
 from fastsgd.errors import UserError
 from fastsgd.frameworks.base import register
 from fastsgd.pack.archive import Archive, read_archive
 from fastsgd.pack.export import quiet
+from fastsgd.workloads.data import Dataset
 
 _LOADED: dict[tuple, tuple[Archive, Programs]] = {}  # per process: every replica shares them
 

@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from fastsgd.metrics import PHASES
+from fastsgd.records.metrics import PHASES
 from fastsgd.report.runs import RunData
 
 WIDTH, HEIGHT, DPI = 7.0, 4.0, 100

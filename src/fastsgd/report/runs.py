@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastsgd.config import read_toml
+from fastsgd.config.schema import read_toml
 from fastsgd.errors import UserError
-from fastsgd.metrics import PHASES
+from fastsgd.records.metrics import PHASES
 
 NEEDED = ("summary.json", "metrics.jsonl", "eval.jsonl")
 # what the report reads of summary.json (wall_to_target, target_accuracy: runs before

@@ -13,8 +13,8 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from fastsgd.metrics import PHASES
-from fastsgd.profiling import KEYS as PROFILED
+from fastsgd.loop.profiling import KEYS as PROFILED
+from fastsgd.records.metrics import PHASES
 from fastsgd.report.runs import RunData
 from fastsgd.report.text import human_bytes, phase_breakdown
 

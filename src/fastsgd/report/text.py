@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from statistics import fmean
 
-from fastsgd.metrics import PHASES, read_jsonl
+from fastsgd.records.metrics import PHASES, read_jsonl
 
 
 def phase_breakdown(metrics: list[dict]) -> dict[str, float]:

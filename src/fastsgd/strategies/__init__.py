@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fastsgd.options import Registry
+from fastsgd.compress import CODECS
+from fastsgd.config.options import Registry
 from fastsgd.strategies.allreduce import AllReduce
 from fastsgd.strategies.async_gossip import SGP
 from fastsgd.strategies.averaging import BMUF, EASGD, LocalSGD
@@ -21,7 +22,9 @@ STRATEGIES = Registry("strategy", "strategy", {
                               SGP, ParameterServer, Hogwild, Tournament, DiLoCo, DDP)})
 validate_options = STRATEGIES.validate
 build_strategy = STRATEGIES.build
+# What the config's open sections choose from (fastsgd.config.schema takes it as an argument).
+CHOICES = {"strategy": STRATEGIES, "compression": CODECS}
 
-__all__ = ["ADPSGD", "BMUF", "DDP", "DPSGD", "EASGD", "SGP", "STRATEGIES", "AllReduce", "Context",
-           "DiLoCo", "Hogwild", "LocalSGD", "ParameterServer", "StaleSynchronous", "Strategy",
-           "Tournament", "build_strategy", "validate_options"]
+__all__ = ["ADPSGD", "BMUF", "CHOICES", "DDP", "DPSGD", "EASGD", "SGP", "STRATEGIES", "AllReduce",
+           "Context", "DiLoCo", "Hogwild", "LocalSGD", "ParameterServer", "StaleSynchronous",
+           "Strategy", "Tournament", "build_strategy", "validate_options"]

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from fastsgd.compress.collectives import all_reduce_means, init_all_reduce, unsent
-from fastsgd.options import Configurable, Option, one_of, positive
+from fastsgd.config.options import Configurable, Option, one_of, positive
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.correction import MODES, corrects
 from fastsgd.strategies.params import all_finite

@@ -37,13 +37,13 @@ from typing import Any
 import torch
 
 from fastsgd.compress.wire import pack, unpack
-from fastsgd.options import Option, at_least, between
+from fastsgd.config.options import Option, at_least, between
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.gossip import (
     END_OPTIONS,
     TOPOLOGY_OPTIONS,
     Edge,
-    _OnGraph,
+    OnGraph,
     auto_gamma,
     edge_copy,
     opens_late,
@@ -59,7 +59,7 @@ PUSH = 21  # message tag (adpsgd's PAIR is 22)
 MAX_LAG = 16  # sgp: steps a push may lag behind its receiver (max_lag)
 
 
-class SGP(_OnGraph):
+class SGP(OnGraph):
     name = "sgp"
     DRAINS_AT_END = True  # takes in every push still on the wire (ctx.total_steps)
     CODEC_KINDS = ("exact", "quantize", "sparse")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from fastsgd.compress.collectives import init_all_reduce
-from fastsgd.options import Configurable, Option, at_least, between
+from fastsgd.config.options import Configurable, Option, at_least, between
 from fastsgd.strategies.allreduce import AllReduce
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, average, buffer_mask, flatten, mean_change

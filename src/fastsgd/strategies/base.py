@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import torch
 
 from fastsgd.compress.base import Compressor
+from fastsgd.config.options import Option
 from fastsgd.errors import UserError
-from fastsgd.options import Option
 from fastsgd.transport.base import Transport
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from fastsgd.config.options import Configurable, Option, positive
 from fastsgd.errors import UserError
-from fastsgd.options import Configurable, Option, positive
 from fastsgd.strategies.base import Context
 from fastsgd.transport.base import ring_allreduce_bytes
 

@@ -49,8 +49,8 @@ import torch
 
 from fastsgd.compress.base import Compressor
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
+from fastsgd.config.options import Configurable, Option, at_least, between, positive
 from fastsgd.errors import ConfigError, UserError
-from fastsgd.options import Configurable, Option, at_least, between, positive
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import buffer_mask, flatten
 from fastsgd.transport.base import Done, Handle

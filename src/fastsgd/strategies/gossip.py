@@ -23,12 +23,12 @@ import torch
 from fastsgd.compress.base import Compressor
 from fastsgd.compress.collectives import decode_buffer
 from fastsgd.compress.wire import pack
+from fastsgd.config.options import Configurable, Option, at_least, between, one_of
 from fastsgd.errors import UserError
-from fastsgd.options import Configurable, Option, at_least, between, one_of
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.membership import gone_at, healed_weights
 from fastsgd.strategies.params import assign, flatten, mix_into
-from fastsgd.topology import TOPOLOGIES, Topology, build_topology
+from fastsgd.topology.build import TOPOLOGIES, Topology, build_topology
 from fastsgd.transport.base import PeerLost
 
 Params = list[torch.nn.Parameter]
@@ -62,7 +62,7 @@ def _topology(graph: dict[str, Any], world_size: int) -> Topology:
     return build_topology(graph.pop("name"), world_size, **graph)
 
 
-class _OnGraph(Configurable, section="strategy"):
+class OnGraph(Configurable, section="strategy"):
     """A strategy that talks to the neighbours of a topology built for the world size."""
 
     OPTIONS: dict[str, Option] = TOPOLOGY_OPTIONS
@@ -99,7 +99,7 @@ class _OnGraph(Configurable, section="strategy"):
         return None
 
 
-class DPSGD(_OnGraph):
+class DPSGD(OnGraph):
     name = "dpsgd"
     CODEC_KINDS = ("exact", "quantize", "sparse")
     CARRIES_ON = ("exact",)  # without lost workers (membership.py); CHOCO's copies do not

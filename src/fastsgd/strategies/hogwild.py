@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from fastsgd.options import Configurable
+from fastsgd.config.options import Configurable
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import flatten
 from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastsgd.topology import Topology
+from fastsgd.topology.build import Topology
 from fastsgd.transport.base import PeerLost, Transport
 
 

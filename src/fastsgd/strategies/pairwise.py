@@ -37,13 +37,13 @@ import torch
 
 from fastsgd.compress.collectives import decode_buffer
 from fastsgd.compress.wire import pack
+from fastsgd.config.options import Option, at_least
 from fastsgd.errors import UserError
-from fastsgd.options import Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.gossip import (
     END_OPTIONS,
     TOPOLOGY_OPTIONS,
-    _OnGraph,
+    OnGraph,
     edge_copy,
     opens_late,
     send_start,
@@ -58,7 +58,7 @@ REQUEST, ANSWER, STEP = 0, 1, 2  # the first byte of a PAIR message
 MAX_LAG = 16  # steps a worker may run ahead of its neighbours (max_lag)
 
 
-class ADPSGD(_OnGraph):
+class ADPSGD(OnGraph):
     name = "adpsgd"
     DRAINS_AT_END = True  # answers and collects every exchange still out (ctx.last_step)
     CODEC_KINDS = ("exact", "quantize", "sparse")

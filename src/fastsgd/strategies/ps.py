@@ -33,8 +33,8 @@ import torch
 
 from fastsgd.compress.base import Compressor
 from fastsgd.compress.wire import pack, unpack
+from fastsgd.config.options import Configurable, Option, at_least
 from fastsgd.errors import UserError
-from fastsgd.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment, queue_staleness

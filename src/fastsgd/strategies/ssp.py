@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
-from fastsgd.options import Configurable, Option, at_least
+from fastsgd.config.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment
 from fastsgd.transport.base import Done, Handle

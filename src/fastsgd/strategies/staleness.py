@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from fastsgd.options import Option
+from fastsgd.config.options import Option
 
 ORIGINAL = "fastsgd_original"  # key in a param group: the user's lr and momentum
 

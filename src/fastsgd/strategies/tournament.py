@@ -16,7 +16,7 @@ import torch
 
 from fastsgd.compress.collectives import decode_buffer
 from fastsgd.compress.wire import pack
-from fastsgd.options import Configurable, Option, at_least
+from fastsgd.config.options import Configurable, Option, at_least
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment

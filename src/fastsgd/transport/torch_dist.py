@@ -27,7 +27,7 @@ import torch.distributed as dist
 # (TorchTransport._group, see there): the default group's threads never ran one.
 import torch.distributed.nn.functional  # noqa: F401
 
-from fastsgd import interrupt
+from fastsgd.control import interrupt
 from fastsgd.errors import UserError
 from fastsgd.transport.base import (
     Done,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fastsgd import interrupt
+from fastsgd.control import interrupt
 from fastsgd.transport.roster import Roster
 
 if TYPE_CHECKING:

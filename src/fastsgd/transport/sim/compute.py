@@ -18,9 +18,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from fastsgd.config.units import parse_bandwidth, parse_seconds
 from fastsgd.errors import ConfigError
 from fastsgd.transport.sim.trace import Trace, load_trace
-from fastsgd.units import parse_bandwidth, parse_seconds
 
 PHASES = ("forward", "backward", "update", "codec")
 TIMES = (*PHASES, "reduce_bandwidth")  # the keys profile measures

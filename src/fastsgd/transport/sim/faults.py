@@ -31,11 +31,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fastsgd.config.units import parse_seconds
 from fastsgd.errors import ConfigError
 from fastsgd.transport.roster import Roster
 from fastsgd.transport.sim.compute import to_ns
 from fastsgd.transport.sim.scheduler import Crashed
-from fastsgd.units import parse_seconds
 
 
 @dataclass(frozen=True)

@@ -3,21 +3,31 @@ message crossing the sender's uplink (LeftUplink)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from fastsgd.transport.sim.collective import Collective
 
 if TYPE_CHECKING:
-    from fastsgd.transport.sim.transport import SimTransport
+    from fastsgd.transport.sim.scheduler import Scheduler
+
+
+class Waiter(Protocol):
+    """What a handle needs of the worker's transport (SimTransport): who waits, on which
+    scheduler, among how many members."""
+
+    rank: int
+    scheduler: Scheduler
+
+    def members(self) -> list[int]: ...
 
 
 class SimHandle:
     """A simulated collective in flight. `released`: the output tensor's storage was given
     up when the worker arrived (`sole_user`); `wait` hands it a new one with the result."""
 
-    def __init__(self, transport: SimTransport, op: Collective, out: torch.Tensor | None,
+    def __init__(self, transport: Waiter, op: Collective, out: torch.Tensor | None,
                  released: bool = False, average: bool = False):
         self._transport, self._op, self._out = transport, op, out
         self._released, self._average = released, average
@@ -63,7 +73,7 @@ class LeftUplink:
     """A posted message's handle: `wait()` returns once it is past the sender's uplink (the
     worker waits as a blocking send would, without computing)."""
 
-    def __init__(self, transport: SimTransport, left: int):
+    def __init__(self, transport: Waiter, left: int):
         self._transport, self._left = transport, left
 
     def wait(self) -> None:

@@ -6,8 +6,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from fastsgd.config.units import parse_bandwidth, parse_seconds
 from fastsgd.errors import ConfigError
-from fastsgd.units import parse_bandwidth, parse_seconds
 
 __all__ = ["Cost", "Network", "parse_bandwidth", "parse_seconds"]
 TCP_IP_HEADERS = 52  # bytes of each frame that are not payload: IPv4 20, TCP 20 + 12 options

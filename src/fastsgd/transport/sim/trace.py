@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastsgd.config.units import MAX_FACTOR, parse_bandwidth, parse_seconds
 from fastsgd.errors import ConfigError, UserError
-from fastsgd.units import MAX_FACTOR, parse_bandwidth, parse_seconds
 
 COLUMNS = ["rank", "start", "end", "speed", "bandwidth"]
 FOREVER = math.inf  # an empty end: however long the run goes

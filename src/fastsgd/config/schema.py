@@ -1,0 +1,303 @@
+"""The TOML configuration: schema, defaults, `--set key=value` overrides, validation, writing.
+
+A config is a plain dict of sections. Strategy and compression sections carry options that
+belong to the chosen strategy or codec; their registries validate those keys.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fastsgd.config.objects import is_import_path
+from fastsgd.config.options import (
+    Option,
+    Registry,
+    at_least,
+    between,
+    describe,
+    one_of,
+    positive,
+    toml_value,
+    validate_section,
+)
+from fastsgd.config.toml_files import parse_overrides, read_toml
+from fastsgd.config.units import MAX_FACTOR, bandwidth_check, time_check
+from fastsgd.errors import ConfigError
+
+WEEK = 7 * 24 * 3600  # run.timeout's bound: socket timeouts overflow beyond ~9e9 s
+SEEDS = between(0, 2 ** 63 - 1)  # torch.manual_seed takes 64 bits; data.py adds the epoch
+
+
+def _slowdowns(values: list) -> str | None:
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and 1 <= v <= MAX_FACTOR
+             for v in values)
+    return None if ok else (f"must be a list of numbers from 1 to {MAX_FACTOR:g} (one factor "
+                            "per worker rank)")
+
+
+def _timeout(v: float) -> str | None:
+    return None if 0 < v <= WEEK else f"must be > 0 and at most a week ({WEEK} s)"
+
+
+def _below_one(v: float) -> str | None:
+    return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def _bandwidths(values: dict) -> str | None:
+    ok = all(str(k).isdigit() and not bandwidth_check(v) and isinstance(v, str)
+             for k, v in values.items())
+    return None if ok else 'must map worker ranks to bandwidths, e.g. {3 = "10Mbit"}'
+
+
+def _crashes(values: list) -> str | None:
+    ok = all(isinstance(v, dict) for v in values)
+    return None if ok else "must be a list of tables, e.g. [{worker = 3, ...}]"
+
+
+def _mtu(v: int) -> str | None:
+    return None if v == 0 or v >= 576 else "must be 0 (payload only) or a frame size >= 576"
+
+
+def _time(doc: str, default: str = "") -> Option:
+    return Option(str, default, time_check, doc)
+
+
+def _seed_or_run(v: int) -> str | None:
+    return None if v == -1 or SEEDS(v) is None else "must be -1 (run.seed) or 0 to 2**63 - 1"
+
+
+def _profiled(values: dict) -> str | None:
+    ok = all(isinstance(v, (str, int, float, bool, list)) for v in values.values())
+    return None if ok else "must be a table of what profile measured for (profile writes it)"
+
+
+def _optimizer_name(name: str) -> str | None:
+    return None if name in ("sgd", "adam") or is_import_path(name) else \
+        "must be sgd, adam or an import path module:Class"
+
+
+# The defaults are the demo: LeNet on Fashion-MNIST, 4 workers, synchronous all-reduce,
+# global batch 128, which reaches 89-90% test accuracy in 8 epochs (README).
+SCHEMA: dict[str, dict[str, Option]] = {
+    "run": {
+        "workers": Option(int, 4, at_least(1), "number of workers"),
+        "steps": Option(int, 0, at_least(0), "training steps; 0 = use epochs"),
+        "epochs": Option(float, 8.0, positive, "epochs over the training set (if steps = 0)"),
+        "seed": Option(int, 0, SEEDS, "seed of model init and data order, 0 to 2**63 - 1"),
+        "out": Option(str, "", doc="run directory; empty = runs/<strategy>-<time>"),
+        "eval_every": Option(int, 500, at_least(0), "evaluate every N steps; 0 = at the end"),
+        "target_accuracy": Option(float, 0.88, between(0, 1), "for time_to_target; 0 = none"),
+        "log_every": Option(int, 1, at_least(1), "write metrics.jsonl every N steps"),
+        "tensorboard": Option(bool, True, doc="keep a TensorBoard event file in the run "
+                              "directory, live (tensorboard --logdir runs)"),
+        "representative": Option(str, "average", one_of(("average", "best", "rank0")),
+                                 "the model saved and evaluated"),
+        "backend": Option(str, "auto", one_of(("auto", "gloo", "nccl")), "torch.distributed"),
+        "timeout": Option(float, 300.0, _timeout, "seconds a collective may wait for a peer "
+                          "(at most a week)"),
+        "checkpoint_every": Option(int, 0, at_least(0), "write a checkpoint every N steps and "
+                                   "at the end; 0 = never (see --resume)"),
+        "keep_checkpoints": Option(int, 2, at_least(1), "complete checkpoints kept"),
+        "on_failure": Option(str, "shrink", one_of(("shrink", "restart", "stop")),
+                             "a worker process dies: the survivors go on in a smaller group "
+                             "(allreduce), or every worker restarts from the last checkpoint "
+                             "(fastsgd run's own workers), or stop"),
+        "max_restarts": Option(int, 3, at_least(0), "restarts of one run (on_failure)"),
+        "rejoin": Option(bool, False, doc="a killed worker of sgp or adpsgd, or of dpsgd, "
+                         "ps or ltfb (exact codecs), is replaced by a new process, which joins "
+                         "from a live worker's state (fastsgd run's own workers, and the "
+                         "simulator)"),
+        "join": Option(bool, False, doc="a lost worker's place (as for run.rejoin) is "
+                       "taken by a process started from outside with fastsgd join RUN_DIR "
+                       "(fastsgd run's own workers, one machine)"),
+        "max_bad_steps": Option(int, 10, at_least(0), "steps in a row a worker may skip for a "
+                                "NaN or inf loss or gradient before the run stops"),
+    },
+    "data": {
+        "name": Option(str, "fashion_mnist", doc="fashion_mnist | idx | digits | synthetic"),
+        "path": Option(str, "", doc="folder of IDX files (fashion_mnist, idx)"),
+        "batch_size": Option(int, 32, at_least(1), "per worker"),
+    },
+    "model": {
+        "name": Option(str, "lenet", doc="mlp | lenet | resnet20 | module:Name (no arguments)"),
+        "step": Option(str, "cross_entropy",
+                       doc="loss of a batch: cross_entropy | model_loss (the model's own: JAX, "
+                       "packed) | module:function(model, batch)"),
+        "evaluate": Option(str, "accuracy", doc="test metrics: accuracy | "
+                           "module:function(model, dataset, device) -> (accuracy, loss)"),
+        "packed": Option(str, "", doc="a job archive from fastsgd pack (.fsj): its model, "
+                         "step and initial parameters (then name and step are 'packed')"),
+    },
+    "optimizer": {
+        "name": Option(str, "sgd", _optimizer_name,
+                       "sgd | adam | module:Class (other keys: its keyword arguments)"),
+        "lr": Option(float, 0.05, positive),
+        "momentum": Option(float, 0.9, between(0, 1)),
+        "weight_decay": Option(float, 0.0, at_least(0)),
+        "nesterov": Option(bool, False),
+    },
+    "strategy": {"name": Option(str, "allreduce", doc="see fastsgd.strategies")},
+    "compression": {"name": Option(str, "none", doc="see fastsgd.compress")},
+    "compute": {  # the simulator's compute model; slowdown and stragglers act on real runs too
+        "model": Option(str, "profile", one_of(("profile", "fixed", "measured")),
+                        "simulated compute: profile | fixed | measured (docs/simulator.md)"),
+        "step_time": _time("fixed: forward + backward, charged 1:2, e.g. 25ms"),
+        "forward": _time("time of one forward pass (profile measures it)"),
+        "backward": _time("time of one backward pass (profile measures it)"),
+        "update": _time("time of one optimizer step (profile measures it)"),
+        "codec": _time("time to encode + decode one step's gradient (profile measures it)"),
+        "reduce_bandwidth": Option(str, "", bandwidth_check, "rate of adding a received vector "
+                                   "into one's own, e.g. 10GB (profile measures it)"),
+        "slowdown": Option(list, [], _slowdowns, "per-worker compute factors, e.g. [1, 1, 1, 3]"),
+        "straggler_prob": Option(float, 0.0, _below_one, "chance a worker's step is slow"),
+        "straggler_factor": Option(float, 4.0, between(1, MAX_FACTOR),
+                                   "how much slower that step is"),
+        # at most 2: the noise's median is exp(-sigma^2/2), 0.14 at 2 (one phase in 1000 at
+        # 65x the mean; coefficient of variation 7), at 10 e^-50: every phase rounded to 0 ns
+        "sigma": Option(float, 0.0, between(0, 2), "log-normal noise on every step's compute "
+                        "(0 to 2)"),
+        "seed": Option(int, -1, _seed_or_run, "seed of the stragglers' and the noise's draws; "
+                       "-1: run.seed"),
+        "trace": Option(str, "", doc="CSV: each worker's windows, speed, bandwidth"),
+        "lanes": Option(int, -1, at_least(-1), "simulator: threads that compute workers' "
+                        "steps beside its scheduler, same results (-1: one per core)"),
+        "profiled": Option(dict, {}, _profiled, "written by profile: what its times were "
+                           "measured for, and the times (another job profiles again)"),
+    },
+    "network": {  # the simulated network (docs/simulator.md)
+        "bandwidth": Option(str, "10Gbit", bandwidth_check, "each worker's NIC, each way"),
+        "latency": _time("per-message latency between nodes", "50us"),
+        "jitter": _time("extra random delay of a message between nodes, up to e.g. 5ms",
+                        "0s"),
+        "seed": Option(int, -1, _seed_or_run, "seed of the jitter's and the loss's draws; "
+                       "-1: run.seed"),
+        "workers_per_node": Option(int, 1, at_least(1), "workers sharing a node"),
+        "intra_bandwidth": Option(str, "100Gbit", bandwidth_check, "between workers of a node"),
+        "intra_latency": _time("between workers of a node", "2us"),
+        "bandwidths": Option(dict, {}, _bandwidths, 'per-worker NICs, e.g. {3 = "10Mbit"}'),
+        "loss": Option(float, 0.0, _below_one, "probability that a message is lost"),
+        "rto": _time("TCP retransmission timeout after a loss", "200ms"),
+        "mtu": Option(int, 1500, _mtu, "Ethernet frame size between nodes; 0: payload only"),
+    },
+    "faults": {  # the simulator's faults (docs/simulator.md, "Faults")
+        "crash": Option(list, [], _crashes, 'workers that crash, e.g. [{worker = 3, at = '
+                        '"10s"}] or [{worker = 3, step = 500}]'),
+        "detect": _time("how long the survivors take to notice a crash", "1s"),
+        "restart": _time("run.rejoin: how long a new process takes to start once a loss is "
+                         "noticed", "2s"),
+        "down": Option(list, [], _crashes, 'links down for a while, e.g. [{worker = 3, '
+                       'from = "5s", to = "8s"}]'),
+    },
+}
+MOVED = {("run", "slowdown"): "compute"}  # keys of older configs, read where they live now
+OPEN_SECTIONS = ("strategy", "compression")  # their other keys belong to the chosen component
+# The registries the open sections choose from ({"strategy": STRATEGIES, "compression": CODECS},
+# fastsgd.strategies.CHOICES): passed in, since this layer lies below the strategies and codecs.
+Choices = Mapping[str, Registry]
+
+
+def defaults() -> dict[str, dict[str, Any]]:
+    return {s: {k: o.default for k, o in opts.items()} for s, opts in SCHEMA.items()}
+
+
+def load(choices: Choices, path: str | Path | None = None,
+         overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """Read a TOML file (or start from the defaults), apply `key=value` overrides, validate."""
+    raw: dict[str, Any] = read_toml(Path(path)) if path is not None else {}
+    return validate(with_options(raw, parse_overrides(overrides), choices, str(path or "")),
+                    choices)
+
+
+def tables(raw: dict, source: str = "") -> dict:
+    """A copy of `raw` whose sections are fresh dicts, before options are set in them: a
+    section that is unknown or not a table (`run = 5`, `[[run]]`) is an error naming it
+    and `source` (the file)."""
+    where = f"{source}: " if source else ""
+    unknown = sorted(set(raw) - set(SCHEMA))
+    if unknown:
+        raise ConfigError(f"{where}unknown config section [{unknown[0]}]; known: "
+                          f"{', '.join(SCHEMA)}")
+    for section, values in raw.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}[{section}] must be a table of key = value, "
+                              f"got {section} = {toml_value(values)}")
+    return {section: dict(values) for section, values in raw.items()}
+
+
+def with_options(raw: dict, options: dict[str, Any], choices: Choices, source: str = "") -> dict:
+    """A copy of `raw` (a file's sections) with `options` {"section.key": value} set in it.
+    An option that picks another strategy or codec than the file does drops the file's keys
+    of that section that the new one does not know: they configured the other one (a run's
+    config.toml run again with another strategy). The options' own keys stay checked."""
+    raw = tables(raw, source)
+    for key, value in options.items():
+        section, _, name = key.partition(".")
+        if not name:
+            raise ConfigError(f"option {key!r}: the key must be section.name, e.g. run.steps")
+        if section in OPEN_SECTIONS and name == "name":
+            raw[section] = _switched(choices[section], raw.get(section, {}), value,
+                                     SCHEMA[section]["name"].default)
+    for key, value in options.items():
+        section, _, name = key.partition(".")
+        raw.setdefault(section, {})[name] = value
+    return raw
+
+
+def _switched(registry: Registry, values: dict, name: Any, default: str) -> dict:
+    """`values` of a strategy or codec section, less what `name` (the new choice) does not
+    know, if it is another than values' own."""
+    if not isinstance(name, str) or name == values.get("name", default):
+        return values
+    known = getattr(registry.get(name), "OPTIONS", {})
+    return {k: v for k, v in values.items() if k == "name" or k in known}
+
+
+def validate(raw: dict, choices: Choices) -> dict:
+    """Return a complete config: every section and key filled and checked."""
+    raw = _moved_keys(tables(raw))
+    config = {}
+    for section, schema in SCHEMA.items():
+        values = raw.get(section, {})
+        ignore = set(values) - set(schema) if section in OPEN_SECTIONS else ()
+        if section == "optimizer" and is_import_path(values.get("name")):
+            ignore = set(values) - {"name"}  # the class's keyword arguments, checked by it
+            schema = {"name": schema["name"]}
+        config[section] = validate_section(section, values, schema, ignore)
+    for section in OPEN_SECTIONS:
+        config[section] = choices[section].validate(config[section])
+    return config
+
+
+def _moved_keys(raw: dict) -> dict:
+    """A config written before a key moved still reads (its run.slowdown is compute.slowdown)."""
+    for (section, key), now in MOVED.items():
+        if key in raw.get(section, {}):  # raw: tables()'s copy
+            raw.setdefault(now, {}).setdefault(key, raw[section].pop(key))
+    return raw
+
+
+def merged(config: dict, choices: Choices, **sections: dict) -> dict:
+    """A copy of `config` with some keys of some sections replaced, validated again."""
+    out = copy.deepcopy(config)
+    for section, values in sections.items():
+        out.setdefault(section, {}).update(values)
+    return validate(out, choices)
+
+
+def to_toml(config: dict) -> str:
+    """Write a config (sections of scalars and flat lists) as TOML."""
+    lines = []
+    for section, values in config.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def describe_keys(choices: Choices) -> str:
+    """Every section and key with its type, default and meaning (`fastsgd keys`), and the
+    options of each strategy and codec."""
+    return describe(SCHEMA, dict(choices))

@@ -1,0 +1,98 @@
+"""A worker process forked by the launcher (launch.py): how it is started, what it finds in
+its environment, and how a failure of it is told: its own report through the error queue,
+or what its exit code says."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import signal
+import traceback
+from collections.abc import Callable
+
+import torch
+
+from fastsgd.control.interrupt import DONOR_LOST, Stop, held, share
+from fastsgd.errors import UserError, WorkerFailed
+from fastsgd.launch.door import GONE, GONE_FAILED
+
+# the reports of failed workers share the error queue's pipe (64 kB): a worker whose report
+# does not fit blocks in put() until the launcher reads it, which it does once the worker
+# has ended: never. 4 kB each leave room for 16 workers (a RecursionError's trace is 100s).
+REPORT_CHARS = 1000, 3000  # the message, the trace
+
+
+def forked(processes: list[mp.process.BaseProcess]) -> None:
+    """Start `processes` (forked) with this process's objects out of their garbage collectors'
+    reach (gc.freeze, as Python's docs advise before a fork). Garbage of this process not
+    yet collected, such as the TCPStore of an earlier run held in a cycle by an exception's
+    traceback, was otherwise destroyed in the child, where its destructor waited forever to
+    join a thread the child does not have (seen as a worker hung in its first steps)."""
+    gc.collect()  # here, where the threads such objects wait for are still running
+    gc.freeze()
+    # a Ctrl-C that lands inside a fork is raised in an after-fork hook, where Python ignores
+    # it: the run went on to its end. Held back until the forks are done, it is raised here.
+    try:
+        with held():
+            for process in processes:
+                process.start()
+    finally:
+        gc.unfreeze()
+
+
+def worker_environment(rank: int, world: int, port: int, restart: int = 0) -> None:
+    """What a worker of the launcher's finds in its environment, and one intra-op thread."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), FASTSGD_RESTART=str(restart),
+                      TORCHELASTIC_USE_AGENT_STORE="True")  # the launcher's (_store)
+    torch.set_num_threads(1)
+
+
+def child(fn: Callable[[], object], rank: int, world: int, port: int,
+           errors: mp.SimpleQueue, restart: int, stop: Stop, join: str | None = None) -> None:
+    """`join`: None, or the run takes new workers in lost ones' places (run.rejoin): "",
+    or "STEP:DONOR:SINCE" in such a new worker (SINCE: the step the donor's process joined at)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (interrupt.py)
+    share(stop)
+    if join is not None:
+        os.environ["FASTSGD_REJOIN"] = "1"  # keep the message port open for joiners
+    if join:
+        os.environ["FASTSGD_JOIN"] = join
+    worker_environment(rank, world, port, restart)
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, then exit 1
+        message = f"{type(e).__name__}: {e}" if not isinstance(e, UserError) else str(e)
+        errors.put((rank, message[:REPORT_CHARS[0]], isinstance(e, UserError),
+                    traceback.format_exc()[-REPORT_CHARS[1]:]))
+        os._exit(1)
+    os._exit(0)
+
+
+def failure_of(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Exception:
+    """What to tell: a worker killed by a signal, else the workers' own reports (user
+    errors first, then by rank), else a death without a message."""
+    if exitcode in (GONE, GONE_FAILED):
+        how = ("failed (its error is in its own output)" if exitcode == GONE_FAILED else
+               "ended without telling how (killed?)")
+        return WorkerFailed(f"worker {rank}, a process of fastsgd join, {how}", died=True)
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        return WorkerFailed(f"worker {rank} was killed by signal {-exitcode} ({name})",
+                            died=True)
+    if exitcode == DONOR_LOST:
+        return WorkerFailed(f"worker {rank}, a new process, lost the worker it was to take "
+                            "its state from before it had it", died=True)
+    reports = []
+    while not errors.empty():
+        reports.append(errors.get())
+    reports.sort(key=lambda r: (not r[2], r[0]))
+    if not reports:
+        return WorkerFailed(f"worker {rank} died (exit code {exitcode}) without a message",
+                            died=True)
+    first_rank, message, is_user_error, trace = reports[0]
+    if is_user_error:
+        return UserError(message)
+    return WorkerFailed(f"worker {first_rank} failed: {message}\n{trace}")

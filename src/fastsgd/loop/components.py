@@ -1,0 +1,278 @@
+"""The pieces of a Job as config sections, and back.
+
+`record` turns what the Python API was given (a model class, an optimizer factory, a
+strategy object...) into the config keys that say what it is, so a run's config.toml
+records what ran; the `*_from_config` functions rebuild each piece from those keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from fastsgd.compress import CODECS
+from fastsgd.config.objects import (
+    WANTED,
+    described,
+    import_path,
+    is_import_path,
+    resolve,
+    with_article,
+)
+from fastsgd.config.options import Registry
+from fastsgd.errors import ConfigError, UserError
+from fastsgd.frameworks.base import model_loss_step
+from fastsgd.loop.plan import cross_entropy_step, evaluate_classifier
+from fastsgd.strategies import STRATEGIES
+from fastsgd.workloads.data import SEEDED_DATASETS, Dataset
+
+OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+BUILTIN_FUNCTIONS = {"step": {"cross_entropy": cross_entropy_step, "model_loss": model_loss_step},
+                     "evaluate": {"accuracy": evaluate_classifier}}
+ARGUMENTS = {"step": 2, "evaluate": 3}  # (model, batch); (model, dataset, device)
+EXAMPLES = {"strategy": "fs.AllReduce()", "compressor": "fs.compress.TopK(ratio=0.01)"}
+
+
+def record(model: Any = None, step: Any = None, evaluate: Any = None, optimizer: Any = None,
+           data: Any = None, strategy: Any = None, compressor: Any = None,
+           seed: Any = 0) -> dict[str, dict]:
+    """Config sections describing the objects given (strings are names, kept as they are);
+    `seed` is the run's, which load_dataset uses."""
+    sections: dict[str, dict] = {"model": {}}
+    for key, arg in (("name", model), ("step", step), ("evaluate", evaluate)):
+        if arg is not None:
+            sections["model"][key] = _function_name(key, arg)
+    if optimizer is not None:
+        sections["optimizer"] = record_optimizer(optimizer)
+    if isinstance(data, str):
+        sections["data"] = {"name": data}
+    elif isinstance(data, Dataset):
+        sections["data"] = _record_dataset(data, seed)
+    for section, arg, registry in (("strategy", strategy, STRATEGIES),
+                                   ("compression", compressor, CODECS)):
+        if arg is not None:
+            sections[section] = _record_component(arg, registry)
+    return sections
+
+
+def _function_name(key: str, arg: Any) -> str:
+    if isinstance(arg, str):
+        return arg
+    if isinstance(arg, torch.nn.Module):
+        return f"<instance of {import_path(type(arg))}>"
+    names = {fn: name for name, fn in BUILTIN_FUNCTIONS.get(key, {}).items()}
+    return names.get(arg) or import_path(arg)
+
+
+def record_optimizer(factory: Any) -> dict[str, Any]:
+    """The optimizer's class and its `defaults`, found by building it on a probe parameter;
+    the factory's own import path where that would not say everything (parameter groups)."""
+    if isinstance(factory, str):
+        return {"name": factory}
+    optimizer = _probe_optimizer(factory)
+    if optimizer is None:  # it needs the model's own parameters
+        return {"name": import_path(factory)}
+    try:
+        groups, defaults = optimizer.param_groups, optimizer.defaults
+        options = {k: _toml(v) for k, v in defaults.items() if v is not None}
+        plain = len(groups) == 1 and all(groups[0].get(k) == v for k, v in defaults.items())
+    except Exception:  # noqa: BLE001 - whatever the probe does, the factory itself is recorded
+        return {"name": import_path(factory)}
+    if not plain or any(v is None for v in options.values()):
+        return {"name": import_path(factory)}
+    return {"name": import_path(type(optimizer)), **options}
+
+
+def _probe_optimizer(factory: Any) -> Any:
+    """What the API's optimizer argument makes of a probe parameter (None where that raises:
+    it may want the model's real parameters); UserError where it can never be an optimizer
+    fastsgd's loop can step."""
+    named = "the optimizer argument must be a function(params) -> torch.optim.Optimizer"
+    if isinstance(factory, torch.optim.Optimizer):
+        cls = import_path(type(factory)).replace(":", ".")
+        raise UserError(f"{named}; got {described(factory)} instance: pass a function, e.g. "
+                        f"lambda params: {cls}(params, lr=0.05)")
+    if not callable(factory):
+        raise UserError(f"{named}; got {described(factory)}")
+    check_arguments(factory, 1, f"{named}; {import_path(factory)} does not take one argument")
+    try:
+        optimizer = factory([torch.nn.Parameter(torch.zeros(1))])
+    except Exception:  # noqa: BLE001 - the workers build it on the model's own parameters
+        return None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UserError(f"{named}; it returned {described(optimizer)}")
+    _check_steps_alone(optimizer, "the optimizer argument", UserError)
+    return optimizer
+
+
+def _check_steps_alone(optimizer: torch.optim.Optimizer, named: str,
+                       error: type[UserError]) -> None:
+    """An optimizer whose step needs a closure (LBFGS: it evaluates the loss itself, again
+    and again) cannot be stepped by fastsgd's loop, which computes the loss once a step."""
+    try:
+        inspect.signature(optimizer.step).bind()
+    except TypeError:
+        name = type(optimizer).__name__
+        raise error(f"{named} makes {described(optimizer)}: {name} needs a closure, which "
+                    "fastsgd's loop does not give; use another optimizer") from None
+    except ValueError:
+        pass  # no signature to read: it is stepped as it is
+
+
+def _toml(value: Any) -> Any:
+    """A TOML-writable copy of an optimizer default (tuples become lists), or None."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float)) for v in value):
+        return list(value)
+    return None
+
+
+def _record_dataset(data: Dataset, seed: Any) -> dict[str, Any]:
+    """Its loader's name and path, if loading them again at the run's seed gives it back."""
+    if data.source is None or data.source[2] != seed and data.source[0] in SEEDED_DATASETS:
+        return {"name": f"<Dataset '{data.name}' built in Python>"}
+    return {"name": data.source[0], "path": data.source[1]}
+
+
+def _record_component(obj: Any, registry: Registry) -> dict[str, Any]:
+    if isinstance(obj, str):
+        return {"name": obj}
+    if isinstance(obj, type) or not all(callable(getattr(obj, m, None))
+                                        for m in WANTED[f"{registry.section}.name"][1]):
+        argument = "strategy" if registry is STRATEGIES else "compressor"
+        got = f"the class {obj.__name__} (call it)" if isinstance(obj, type) else described(obj)
+        raise UserError(f"{argument} must be a name or a {argument} instance such as "
+                        f"{EXAMPLES[argument]}; got {got}")
+    name = getattr(obj, "name", None)
+    if registry.classes.get(name) is not type(obj):
+        name = import_path(type(obj))
+    return {"name": name, **getattr(obj, "options", {})}
+
+
+def function_from_config(key: str, value: str) -> Callable[..., Any]:
+    """[model] step or evaluate: a built-in name or an import path."""
+    builtin = BUILTIN_FUNCTIONS[key].get(value)
+    if builtin is not None:
+        return builtin
+    fn = resolve(value, f"model.{key}")
+    check_arguments(fn, ARGUMENTS[key], f"model.{key} = '{value}' does not take {ARGUMENTS[key]}"
+                    f" arguments; it must name {WANTED[f'model.{key}'][0]}", ConfigError)
+    return fn
+
+
+def function_argument(key: str, fn: Any) -> Callable[..., Any] | None:
+    """The API's step or evaluate argument, its signature checked as an import path's is;
+    None for a name (the config's key then names it)."""
+    if fn is None or isinstance(fn, str):
+        return None
+    if not callable(fn):
+        raise UserError(f"{key} must be a name or {WANTED[f'model.{key}'][0]}; got "
+                        f"{described(fn)}")
+    check_arguments(fn, ARGUMENTS[key], f"the {key} argument {import_path(fn)} does not take "
+                    f"{ARGUMENTS[key]} arguments; it must be {WANTED[f'model.{key}'][0]}")
+    return fn
+
+
+def check_arguments(fn: Callable[..., Any], arguments: int, message: str,
+                    error: type[UserError] = UserError) -> None:
+    """`error(message)` unless `fn` can be called with `arguments` positional arguments."""
+    try:
+        inspect.signature(fn).bind(*[None] * arguments)
+    except TypeError:
+        raise error(message) from None
+    except ValueError:
+        pass  # no signature to read (some built-ins): it is called as it is
+
+
+def model_factory(value: str) -> Callable[[], torch.nn.Module] | None:
+    """[model] name as a zero-argument factory; None for a built-in model's name."""
+    if not is_import_path(value):
+        return None
+    return _checked_factory(resolve(value, "model.name"), f"model.name = '{value}'", "name")
+
+
+def _checked_factory(factory: Callable[[], Any], named: str,
+                     verb: str) -> Callable[[], torch.nn.Module]:
+    """`factory`, wrapped to say in one line where it does not make a model, unless it is a
+    framework's model (JAX's: Job looks at its attributes), which checks itself."""
+    if hasattr(factory, "check_data"):
+        return factory
+    return functools.partial(_made_model, factory, named, verb)  # picklable, unlike a closure
+
+
+def _made_model(factory: Callable[[], Any], named: str, verb: str) -> torch.nn.Module:
+    try:
+        model = factory()
+    except TypeError as e:  # it wants arguments
+        raise ConfigError(f"{named}: {e}; it must {verb} {WANTED['model.name'][0]}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"{named} made {described(model)}, not a torch.nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"{named} made a {type(model).__name__} without parameters to train")
+    return model
+
+
+def model_argument(model: Any) -> Callable[[], torch.nn.Module] | None:
+    """The API's model argument as a factory: an instance is copied for each worker."""
+    if isinstance(model, torch.nn.Module):
+        if not hasattr(model, "check_data") and not any(p.requires_grad
+                                                        for p in model.parameters()):
+            raise UserError(f"the model argument ({with_article(type(model).__name__)}) has no "
+                            "parameters to train: it has none, or all are frozen")
+        return lambda: copy.deepcopy(model)
+    if model is None or isinstance(model, str):
+        return None
+    if not callable(model):
+        raise UserError(f"model must be a name, an nn.Module class or a zero-argument "
+                        f"function returning one, or an nn.Module; got {type(model).__name__}")
+    return _checked_factory(model, f"the model argument {import_path(model)}", "be")
+
+
+def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
+    """The optimizer the [optimizer] section describes (state stays with each worker).
+    sgd and adam take torch's multi-tensor path (`foreach`), its default on GPUs only: on
+    a CPU it gives the single-tensor path's bits with fewer Python calls (an MLP's SGD
+    update took 0.46 ms instead of 0.66), which a simulator stepping hundreds of workers
+    pays on every one."""
+    if is_import_path(section["name"]):
+        make = functools.partial(_imported_optimizer, section,
+                                 resolve(section["name"], "optimizer.name"))
+        # a bad option fails now, in one line
+        _check_steps_alone(make([torch.nn.Parameter(torch.zeros(1))]),
+                           f"optimizer.name = '{section['name']}'", ConfigError)
+        return make
+    lr, wd = section["lr"], section["weight_decay"]
+    if section["name"] == "adam":
+        return lambda params: torch.optim.Adam(params, lr=lr, weight_decay=wd, foreach=True)
+    momentum, nesterov = section["momentum"], section["nesterov"]
+    if nesterov and momentum == 0:
+        raise UserError("optimizer.nesterov = true needs optimizer.momentum > 0")
+    return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd,
+                                          nesterov=nesterov, foreach=True)
+
+
+def _imported_optimizer(section: dict[str, Any], make: Callable[..., Any],
+                        params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer `make` (what optimizer.name's import path names), given the section's
+    other keys as options."""
+    name = section["name"]
+    if isinstance(make, type) and not issubclass(make, torch.optim.Optimizer):
+        raise ConfigError(f"optimizer.name = '{name}' names a class that is not a "
+                          f"torch.optim.Optimizer; it must name {WANTED['optimizer.name'][0]}")
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()
+              if k != "name"}
+    try:
+        optimizer = make(params, **kwargs)
+    except (TypeError, ValueError) as e:  # an option it does not take, or a bad value
+        raise ConfigError(f"optimizer.name = '{name}': {e}") from None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"optimizer.name = '{name}' made {described(optimizer)}, not a "
+                          "torch.optim.Optimizer")
+    return optimizer
+

@@ -1,0 +1,163 @@
+"""`compute.model = "profile"`: time the job's own iteration on this machine, once.
+
+The simulator then charges these fixed times, so a run repeats exactly; they are written into
+the run's config.toml, so `fastsgd simulate runs/X/config.toml` charges the same times
+without measuring again. Each time is the median of `repeat` iterations after `warmup`, on
+a throwaway copy of the model, with worker 0's batches.
+
+With the times, profile writes `compute.profiled`: what they were measured for (the keys
+that change them: the model, its step, its parameters' count and dtype, the input's shape,
+the batch size, the optimizer but its learning rate, the codec) and the times themselves.
+A config whose times were measured for another job (the same config.toml with another
+batch size or codec) is profiled again; another strategy, seed or number of workers keeps
+them (the profile runs none of these), so strategies are compared on the same times.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fastsgd.config.units import format_ns
+from fastsgd.loop.checked_step import StepChecks
+from fastsgd.loop.plan import Plan
+from fastsgd.strategies.params import flatten
+from fastsgd.transport.base import Done
+from fastsgd.transport.sim.compute import TIMES
+
+KEYS = (*TIMES, "profiled")  # what profile writes into [compute]
+
+
+def needs_profile(section: dict) -> bool:
+    return section["model"] == "profile" and not all(section[k] for k in TIMES)
+
+
+def profiled(plan: Plan) -> dict[str, Any]:
+    """The `[compute]` keys profile writes for `plan` (none where its times are there and
+    were measured for this job: a re-run repeats them exactly); says so in one line where
+    they were measured for another job."""
+    section = plan.config["compute"]
+    measured_for = fingerprint(plan)
+    if not needs_profile(section):
+        if not section["profiled"]:  # a config written before compute.profiled: as it is
+            return {}
+        changed = _difference(section["profiled"], measured_for)
+        if changed is None:
+            return {}
+        print(f"fastsgd: compute.profiled: the times were measured for {changed}; "
+              "profiling again", file=sys.stderr, flush=True)
+    times = profile(plan)
+    return {**times, "profiled": {**measured_for, **times}}
+
+
+def fingerprint(plan: Plan) -> dict[str, Any]:
+    """What the profiled times were measured for: the config keys and the model's
+    properties that change them (flat, as the keys are named)."""
+    config = plan.config
+    with torch.random.fork_rng(devices=[]):  # the run's random draws stay as they were
+        params = list(plan.make_model().parameters())
+    out: dict[str, Any] = {f"model.{k}": config["model"][k] for k in ("name", "step", "packed")}
+    out.update({"data.name": config["data"]["name"],
+                "data.batch_size": config["data"]["batch_size"],
+                "input_shape": list(plan.dataset.input_shape),
+                "parameters": sum(p.numel() for p in params),
+                "dtype": ",".join(sorted({str(p.dtype).removeprefix("torch.") for p in params}))})
+    for section in ("optimizer", "compression"):
+        out.update({f"{section}.{k}": v for k, v in config[section].items() if k != "lr"})
+    return out
+
+
+def _difference(written: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The first key of what the times were measured for that this run has otherwise."""
+    for key in [*now, *(k for k in written if k not in now and k not in TIMES)]:
+        if written.get(key) != now.get(key):
+            return f"{key} = {_shown(written.get(key))}, this run has {_shown(now.get(key))}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    return "nothing" if value is None else repr(value)
+
+
+def profile(plan: Plan, warmup: int = 3, repeat: int = 10) -> dict[str, str]:
+    """The `[compute]` keys of `plan`'s iteration, measured: forward, backward, update,
+    codec (0 without compression) and reduce_bandwidth. On one intra-op thread, as the
+    simulator computes and as a worker process runs (launch.py): a team of threads, one of
+    them descheduled on a busy machine, stalled every op (a digits MLP's forward profiled
+    at 31 ms instead of about 0.1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _profile(plan, warmup, repeat)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _profile(plan: Plan, warmup: int, repeat: int) -> dict[str, str]:
+    torch.manual_seed(plan.config["run"]["seed"])
+    model = plan.make_model()
+    optimizer = plan.make_optimizer(model.parameters())
+    shard = plan.shard(0, plan.config["run"]["workers"])
+    samples: dict[str, list[float]] = {"forward": [], "backward": [], "update": []}
+    step = StepChecks(plan.step, list(model.parameters()), "profiling (compute.model = "
+                      "'profile'): ")  # the workers' checks, before the run
+    for k in range(warmup + repeat):
+        x, y = shard.batch(k)
+        optimizer.zero_grad()
+        t0 = time.perf_counter()
+        loss = step(model, (x, y))
+        t1 = time.perf_counter()
+        loss.backward()
+        step.backward_done()
+        t2 = time.perf_counter()
+        optimizer.step()
+        t3 = time.perf_counter()
+        if k >= warmup:
+            for phase, seconds in zip(samples, (t1 - t0, t2 - t1, t3 - t2)):
+                samples[phase].append(seconds)
+    out = {phase: _time(statistics.median(s)) for phase, s in samples.items()}
+    flat = flatten(list(model.parameters()))
+    out["codec"] = _time(_codec_seconds(plan, flat, warmup, repeat))
+    vector = flat.clone()
+    seconds = _median(lambda: vector.add_(flat), warmup, repeat)
+    out["reduce_bandwidth"] = f"{round(flat.numel() * flat.element_size() / max(seconds, 1e-9))}B"
+    return out
+
+
+def _codec_seconds(plan: Plan, flat: torch.Tensor, warmup: int, repeat: int) -> float:
+    codec = plan.compressor
+    if codec.name == "none":
+        return 0.0
+    state = codec.init(flat)
+    if codec.kind == "lowrank":  # PowerSGD: its products, without the all-reduces
+        return _median(lambda: codec.all_reduce(flat, state, _Alone()), warmup, repeat)
+    return _median(lambda: codec.decode(codec.encode(flat, state), flat), warmup, repeat)
+
+
+class _Alone:
+    """A transport of one worker: an all-reduce leaves the tensor as it is."""
+
+    world_size = 1
+
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False,
+                   average: bool = False) -> Done:
+        return Done()  # a sum, or an average, of one
+
+
+def _median(fn: Callable[[], object], warmup: int, repeat: int) -> float:
+    times = []
+    for k in range(warmup + repeat):
+        t0 = time.perf_counter()
+        fn()
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _time(seconds: float) -> str:
+    return format_ns(round(seconds * 1e6) * 1000)  # to the microsecond

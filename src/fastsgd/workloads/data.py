@@ -1,0 +1,309 @@
+"""Datasets (IDX files, scikit-learn digits, synthetic) and deterministic per-worker sharding."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import importlib.util
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fastsgd.config.objects import is_import_path, resolve
+from fastsgd.errors import UserError
+from fastsgd.workloads.idx import load_idx_folder
+
+DATASETS = ("digits", "fashion_mnist", "idx", "synthetic")
+SEEDED_DATASETS = ("digits", "synthetic")  # their split or content depends on the seed
+FASHION_MNIST_PATH = "/usr/share/datasets/fashion-mnist"
+
+@dataclass(frozen=True)
+class Dataset:
+    """A normalized image classification dataset: x is float32 (N, C, H, W), y is int64.
+    Checked when made (by hand, too): int32 y and the like become int64 (exact); x of
+    another dtype or sample shape suits one's own model only (the default step casts a
+    floating x to the model's dtype)."""
+
+    name: str
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    num_classes: int
+    # (name, path, seed) when made by load_dataset: how a run's config.toml can rebuild it
+    source: tuple[str, str, int] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            y = _check_split(self, split)
+            if y is not getattr(self, f"{split}_y"):  # frozen: the exact int64 copy goes in
+                object.__setattr__(self, f"{split}_y", y)
+        if self.test_x.shape[1:] != self.train_x.shape[1:]:  # a model takes one shape
+            raise UserError(f"Dataset '{self.name}': test_x holds samples of shape "
+                            f"{tuple(self.test_x.shape[1:])} but train_x of "
+                            f"{tuple(self.train_x.shape[1:])}; both splits need the same")
+        _check_labels(self)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """Shape (C, H, W) of one input sample (what the built-in models are made for)."""
+        if self.train_x.dim() != 4 or not self.train_x.is_floating_point():
+            raise UserError(f"Dataset '{self.name}': the built-in models take floating-point "
+                            f"train_x of shape (N, C, H, W); got {str(self.train_x.dtype)[6:]} "
+                            f"{tuple(self.train_x.shape)}: convert it, or give a model of "
+                            "your own (model=)")
+        c, h, w = self.train_x.shape[1:]
+        return int(c), int(h), int(w)
+
+
+def _tensor(data: Dataset, key: str, shape: str) -> Tensor:
+    """Field `key`, if it is a tensor of `shape`'s number of dims (at least, for images)."""
+    value = getattr(data, key)
+    if not isinstance(value, Tensor):
+        kind = type(value)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else \
+            f"{kind.__module__}.{kind.__qualname__}"
+        hint = " (torch.from_numpy turns it into one)" if isinstance(value, np.ndarray) else ""
+        raise UserError(f"Dataset '{data.name}': {key} must be a torch.Tensor of shape "
+                        f"{shape}; got a {name}{hint}")
+    if (value.dim() != 1) if key.endswith("_y") else (value.dim() < 2):
+        raise UserError(f"Dataset '{data.name}': {key} must be a torch.Tensor of shape "
+                        f"{shape}; got shape {tuple(value.shape)}")
+    return value
+
+
+def _check_split(data: Dataset, split: str) -> Tensor:
+    """One split's x and y: tensors of one length, not empty, y integers (x of any dtype:
+    one's own model may take float64 or token ids); the labels y, as int64."""
+    x = _tensor(data, f"{split}_x", "(N, C, H, W)")
+    y = _tensor(data, f"{split}_y", "(N,)")
+    where = f"Dataset '{data.name}': {split}"
+    if len(x) != len(y):
+        raise UserError(f"{where}_x has {len(x)} samples but {split}_y has {len(y)}")
+    if not len(x):
+        raise UserError(f"{where}_x holds no samples; the {split} split needs at least one")
+    if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+        raise UserError(f"{where}_y is {str(y.dtype)[6:]}; it must hold integer class "
+                        f"labels (int64: {split}_y.long())")
+    return y.long()  # int32, uint8...: exact; int64 is y itself
+
+
+def _check_labels(data: Dataset) -> None:
+    """num_classes a positive int and every label in [0, num_classes): one pass over y."""
+    n = data.num_classes
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise UserError(f"Dataset '{data.name}': num_classes must be a positive int; got {n!r}")
+    for split in ("train", "test"):
+        low, high = (int(v) for v in torch.aminmax(getattr(data, f"{split}_y")))
+        if low < 0:
+            raise UserError(f"Dataset '{data.name}': {split}_y holds a negative label "
+                            f"({low}); labels go from 0 to num_classes - 1 = {n - 1}")
+        if high >= n:
+            raise UserError(f"Dataset '{data.name}': {split}_y holds labels up to {high} "
+                            f"but num_classes is {n}")
+
+
+def _make_dataset(name: str, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]) -> Dataset:
+    """Normalize inputs per channel with the train set's mean/std and build a Dataset."""
+    train_x = train[0].to(torch.float32, copy=True)
+    test_x = test[0].to(torch.float32, copy=True)
+    mean = train_x.mean(dim=(0, 2, 3), keepdim=True)
+    std = train_x.std(dim=(0, 2, 3), keepdim=True)
+    std = torch.where(std > 1e-8, std, torch.ones_like(std))
+    train_y, test_y = train[1].long(), test[1].long()
+    num_classes = int(max(train_y.max(), test_y.max())) + 1
+    return Dataset(
+        name=name,
+        train_x=train_x.sub_(mean).div_(std),
+        train_y=train_y,
+        test_x=test_x.sub_(mean).div_(std),
+        test_y=test_y,
+        num_classes=num_classes,
+    )
+
+
+def _load_idx_folder(name: str, folder: Path, missing_hint: str | None) -> Dataset:
+    """Load train/t10k images and labels from an IDX folder."""
+    return _make_dataset(name, *load_idx_folder(folder, missing_hint))
+
+
+def _load_fashion_mnist(path: str | None) -> Dataset:
+    """Load Fashion-MNIST from the system dataset folder or from `path`."""
+    folder = Path(path or FASHION_MNIST_PATH)
+    hint = (
+        f"Fashion-MNIST not found in {folder}: install it with "
+        "`apt-get install dataset-fashion-mnist` or set data.path to a folder of IDX files"
+    )
+    return _load_idx_folder("fashion_mnist", folder, hint)
+
+
+def _load_idx(path: str | None) -> Dataset:
+    """Load any IDX folder (MNIST, KMNIST, ...) given by `path`."""
+    if not path:
+        raise UserError("dataset 'idx' needs data.path set to a folder of IDX files")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"IDX folder not found: {folder} (data.path)")
+    return _load_idx_folder("idx", folder, None)
+
+
+def _random_split(
+    x: Tensor, y: Tensor, n_test: int, seed: int
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """Split (x, y) into train/test with a permutation seeded by `seed`."""
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    test_idx, train_idx = perm[:n_test], perm[n_test:]
+    return (x[train_idx], y[train_idx]), (x[test_idx], y[test_idx])
+
+
+def _load_digits(seed: int) -> Dataset:
+    """scikit-learn's 8x8 digits, split 80/20 deterministically by `seed`."""
+    rows = _digits_rows()
+    x = torch.from_numpy(rows[:, :-1].astype(np.float32)).view(-1, 1, 8, 8)
+    y = torch.from_numpy(rows[:, -1].astype(np.int64))
+    train, test = _random_split(x, y, round(0.2 * len(x)), seed)
+    return _make_dataset("digits", train, test)
+
+
+def _digits_rows() -> np.ndarray:
+    """The digits file scikit-learn ships (64 pixels and the label per row, as its
+    `load_digits` reads it), read without importing scikit-learn, which takes seconds
+    (scipy.stats) in every process that starts a run."""
+    spec = importlib.util.find_spec("sklearn")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt") as f:
+                return np.loadtxt(f, delimiter=",")
+    from sklearn.datasets import load_digits  # elsewhere: scikit-learn's own reader
+
+    digits = load_digits()
+    return np.hstack([digits.data, digits.target[:, None]])
+
+
+def _load_synthetic(seed: int, n_train: int = 2048, n_test: int = 512) -> Dataset:
+    """A learnable 10-class problem: labels from a seeded random linear teacher on 1x8x8."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_train + n_test, 64, generator=gen)
+    weight = torch.randn(64, 10, generator=gen)
+    bias = 0.5 * torch.randn(10, generator=gen)
+    y = (x @ weight + bias).argmax(dim=1)
+    x = x.reshape(-1, 1, 8, 8)
+    return _make_dataset("synthetic", (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:]))
+
+
+def load_dataset(name: str, path: str | None = None, seed: int = 0) -> Dataset:
+    """Load dataset `name` (one of DATASETS); `path` is the IDX folder where relevant."""
+    loaders = {"fashion_mnist": lambda: _load_fashion_mnist(path), "idx": lambda: _load_idx(path),
+               "digits": lambda: _load_digits(seed), "synthetic": lambda: _load_synthetic(seed)}
+    if name in loaders:
+        return replace(loaders[name](), source=(name, path or "", seed))
+    if is_import_path(name):  # a user's `module:Name`, called with no arguments
+        made = resolve(name, "data.name")()
+        if not isinstance(made, Dataset):
+            raise UserError(f"data.name = '{name}' made {type(made).__name__}, not a "
+                            "fastsgd.data.Dataset")
+        return replace(made, source=(name, path or "", seed))
+    raise UserError(f"unknown dataset {name!r} (data.name); choose one of: {', '.join(DATASETS)}"
+                    ", or module:function for your own")
+
+
+@lru_cache(maxsize=8)
+def _epoch_permutation(n: int, seed: int) -> Tensor:
+    """The permutation of n samples seeded by `seed`, computed once per process: every
+    worker of a simulated cluster (and every shard of one process) shares it, read-only, so
+    1024 simulated workers hold one 8n-byte permutation, not 1024 (0.48 MB each for
+    Fashion-MNIST), and draw it once per epoch, not once per worker. Eight entries cover
+    workers a few epochs apart (asynchronous strategies); an evicted one is recomputed."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+
+
+class Shard:
+    """One worker's view of the train set for synchronous data-parallel training.
+
+    Epoch e permutes the whole train set with seed + e and cuts it into global batches of
+    batch_size * world_size samples (the incomplete last one is dropped); worker `rank` gets
+    the slice [rank * batch_size:(rank + 1) * batch_size] of each global batch.
+
+    `among(i, n)` splits the same global batches among n workers (the survivors of a run that
+    lost workers): part i of n near-equal parts, so that no sample goes unseen and none twice.
+
+    Iterating yields one epoch of batches, `batch(k)` for each of its global steps k; each
+    new `iter(shard)` starts the next epoch (0, 1, 2...; set `epoch` to resume elsewhere).
+    A shard holds references to x and y (the dataset is held once, whatever the number of
+    shards) and shares each epoch's permutation with the other shards of the process.
+    """
+
+    def __init__(
+        self, x: Tensor, y: Tensor, batch_size: int, rank: int, world_size: int, seed: int
+    ) -> None:
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise UserError(f"invalid worker rank {rank} for world size {world_size}")
+        if batch_size < 1:
+            raise UserError(f"data.batch_size must be positive, got {batch_size}")
+        self.x, self.y = x, y
+        self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
+        self._steps = len(x) // (batch_size * world_size)
+        if self._steps == 0:
+            raise UserError(
+                f"data.batch_size {batch_size} x {world_size} workers exceeds "
+                f"the {len(x)} training samples"
+            )
+        self.epoch = 0  # the epoch the next iter(shard) yields
+        self.part = (rank * batch_size, (rank + 1) * batch_size)  # of each global batch
+
+    def among(self, index: int, count: int) -> Shard:
+        """The same global batches, split among `count` workers: part `index` (the first
+        `size % count` parts have one sample more)."""
+        size = self.batch_size * self.world_size
+        share, extra = divmod(size, count)
+        start = index * share + min(index, extra)
+        split = copy.copy(self)
+        split.part = (start, start + share + (index < extra))
+        return split
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Number of global batches in one epoch."""
+        return self._steps
+
+    def __len__(self) -> int:
+        return self._steps
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """This worker's batches of one epoch, in order; the next iteration gets the next."""
+        first = self.epoch * self._steps
+        self.epoch += 1  # now, not when the generator starts: two iter() calls never share
+        return (self.batch(k) for k in range(first, first + self._steps))
+
+    def _permutation(self, epoch: int) -> Tensor:
+        """The permutation of the train set for `epoch` (shared, never to be modified)."""
+        return _epoch_permutation(len(self.x), self.seed + epoch)
+
+    def batch(self, step: int) -> tuple[Tensor, Tensor]:
+        """This worker's (x, y) batch for global step `step`."""
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        epoch, k = divmod(step, self._steps)
+        first = k * self.batch_size * self.world_size
+        idx = self._permutation(epoch)[first + self.part[0] : first + self.part[1]]
+        # index_select: the same rows as x[idx], in half the time (a simulated worker-step)
+        return self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+
+def test_batches(x: Tensor, y: Tensor, batch_size: int = 1000) -> Iterator[tuple[Tensor, Tensor]]:
+    """Yield (x, y) evaluation batches in order; the last one may be smaller."""
+    if batch_size < 1:
+        raise UserError(f"evaluation batch size must be positive, got {batch_size}")
+    for start in range(0, len(x), batch_size):
+        yield x[start : start + batch_size], y[start : start + batch_size]
+
+
+test_batches.__test__ = False  # not a pytest test, despite the name

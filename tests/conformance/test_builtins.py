@@ -1,0 +1,38 @@
+"""Every built-in strategy (with the identity codec) and every built-in codec (carried by
+allreduce) passes the conformance suite (fastsgd.testing). Real processes equal the
+simulator for the strategies and codecs whose arithmetic does not depend on timing or on
+a process-wide random stream."""
+
+import pytest
+
+from fastsgd.compress import CODECS
+from fastsgd.strategies import STRATEGIES
+from fastsgd.testing import check_codec, check_strategy
+
+# asynchronous (ps, hogwild, adpsgd, sgp): what a worker gets depends on when it arrives;
+# ddp: real processes only (its suite: a real run that ends cleanly)
+REAL_EQUALS_SIMULATED = {"allreduce", "bmuf", "diloco", "dpsgd", "easgd", "localsgd", "ltfb",
+                         "ssp"}
+# qsgd and randomk draw from torch's global generator: one per process on real workers, one
+# shared by every simulated worker, so the draws differ
+CODECS_REAL_EQUALS_SIMULATED = set(CODECS) - {"qsgd", "randomk"}
+
+
+def _cases(names, real):
+    return [pytest.param(n, marks=pytest.mark.multiproc) if n in real or n == "ddp"
+            else n for n in names]
+
+
+@pytest.mark.parametrize("name", _cases(STRATEGIES, REAL_EQUALS_SIMULATED))
+def test_strategy_conforms(name, tmp_path):
+    ran = check_strategy(name, real=name in REAL_EQUALS_SIMULATED, out=tmp_path)
+    if getattr(STRATEGIES.get(name), "REAL_ONLY", False):
+        assert ran == ["ends cleanly (real processes)"]
+    else:
+        assert {"determinism", "resume", "drain"} <= set(ran)
+
+
+@pytest.mark.parametrize("name", _cases(CODECS, CODECS_REAL_EQUALS_SIMULATED))
+def test_codec_conforms_with_allreduce(name, tmp_path):
+    ran = check_codec(name, real=name in CODECS_REAL_EQUALS_SIMULATED, out=tmp_path)
+    assert ran[:4] == ["contract", "determinism", "resume", "drain"]
