@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from fastsgd.compress.base import Codec, Payload
-from fastsgd.config.options import Option
+from fastsgd import Codec, Option
+from fastsgd.compress import Payload
 
 SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
 

@@ -15,19 +15,20 @@ from typing import Any
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from fastsgd.config.options import Configurable, Option, between
-from fastsgd.strategies.base import Context
+from fastsgd import Capabilities, Context, Option, StrategyBase
+from fastsgd.config.options import between
 
 Params = list[torch.nn.Parameter]
 
 
-class Sparta(Configurable, section="strategy"):
+class Sparta(StrategyBase):
     name = "sparta"  # what runs and reports call it
     OPTIONS = {"fraction": Option(float, 0.05, between(1e-6, 1.0),
                                   "share of the parameters averaged each step"),
                "seed": Option(int, 0, doc="seed of the choice of parameters")}
-    CODEC_KINDS = ("exact",)  # it all-reduces raw values: no codec applies
-    DRAINS_AT_END = True  # averages every parameter on the last step (ctx.last_step)
+    # it all-reduces raw values, so only the exact codec (`none`) applies: the default
+    # codec_kinds; it averages every parameter on the last step (ctx.last_step)
+    capabilities = Capabilities(drains_at_end=True)
 
     def __init__(self, fraction: float = 0.05, seed: int = 0):
         self.fraction, self.seed = fraction, seed
@@ -54,6 +55,3 @@ class Sparta(Configurable, section="strategy"):
             for p in params:
                 p.copy_(flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
-
-    def close(self) -> None:
-        return None

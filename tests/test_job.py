@@ -74,7 +74,8 @@ def test_a_worker_whose_step_fails_ends_the_run_at_once(tmp_path, strategy):
     job = Job(step=_fails_on_worker_1, options={**SMALL, "strategy.name": strategy,
                                                 "run.out": str(tmp_path / "run")}, quiet=True)
     began = time.monotonic()
-    with pytest.raises(WorkerFailed, match="^worker 1 failed: ValueError: the user's step"):
+    with pytest.raises(WorkerFailed, match=f"^worker 1 failed in step 1 of strategy '{strategy}': "
+                                           "ValueError: the user's step"):
         job.run()
     assert time.monotonic() - began < 20
 

@@ -3,6 +3,11 @@
 The user writes one training iteration; fastsgd runs it on many workers, real or simulated,
 and moves gradients or parameters between them by the chosen strategy.
 
+The extension API: `StrategyBase` (with its `Capabilities`) and `Codec` are the classes a
+strategy and a codec of your own subclass, `Option` declares their options and
+`Configurable` checks them, `Context` is what a strategy is given, `Strategy` the protocol
+a plain class may follow instead; their docstrings are the contract (docs/extending.md).
+
 The names below are imported on first use (PEP 562): `import fastsgd` alone does not import
 torch, so that the command line (cli.py) can take a Ctrl-C during torch's few seconds of
 import like any other: one line, exit code 130, no traceback.
@@ -20,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
 
 if TYPE_CHECKING:
-    from fastsgd.compress import Identity
+    from fastsgd.compress import Codec, Identity
+    from fastsgd.config.options import Configurable, Option
     from fastsgd.errors import ConfigError, UserError
     from fastsgd.job import Job
     from fastsgd.loop.replica import Replica
     from fastsgd.loop.results import Result
-    from fastsgd.strategies import AllReduce, Context, Strategy
+    from fastsgd.strategies import AllReduce, Capabilities, Context, Strategy, StrategyBase
     from fastsgd.transport.base import Transport
     from fastsgd.transport.sim import ComputeModel, Heterogeneity, Network, SimTransport
     from fastsgd.transport.torch_dist import TorchTransport
@@ -36,18 +42,21 @@ from fastsgd.config import VERSION
 __version__ = VERSION
 
 _WHERE = {"data": "fastsgd.workloads.data", "models": "fastsgd.workloads.models",
-          "Identity": "fastsgd.compress",
+          "Codec": "fastsgd.compress", "Identity": "fastsgd.compress",
+          "Configurable": "fastsgd.config.options", "Option": "fastsgd.config.options",
           "ConfigError": "fastsgd.errors", "UserError": "fastsgd.errors",
           "Job": "fastsgd.job", "Result": "fastsgd.loop.results", "Replica": "fastsgd.loop.replica",
           "AllReduce": "fastsgd.strategies", "Context": "fastsgd.strategies",
-          "Strategy": "fastsgd.strategies", "Transport": "fastsgd.transport.base",
+          "Strategy": "fastsgd.strategies", "StrategyBase": "fastsgd.strategies",
+          "Capabilities": "fastsgd.strategies", "Transport": "fastsgd.transport.base",
           "ComputeModel": "fastsgd.transport.sim", "Heterogeneity": "fastsgd.transport.sim",
           "Network": "fastsgd.transport.sim", "SimTransport": "fastsgd.transport.sim",
           "TorchTransport": "fastsgd.transport.torch_dist"}
 
-__all__ = ["AllReduce", "ComputeModel", "ConfigError", "Context", "Heterogeneity", "Identity",
-           "Job", "Network", "Replica", "Result", "SimTransport", "Strategy", "TorchTransport",
-           "Transport", "UserError", "connect", "data", "models"]
+__all__ = ["AllReduce", "Capabilities", "Codec", "ComputeModel", "ConfigError", "Configurable",
+           "Context", "Heterogeneity", "Identity", "Job", "Network", "Option", "Replica",
+           "Result", "SimTransport", "Strategy", "StrategyBase", "TorchTransport", "Transport",
+           "UserError", "connect", "data", "models"]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,7 @@ from fastsgd.frameworks import brings_its_step, model_loss_step
 from fastsgd.frameworks.base import NO_DDP
 from fastsgd.launch.local import launch
 from fastsgd.launch.processes import door_of, expendable, rejoin_steps, train_process
-from fastsgd.launch.simulate import prepared, simulate_plan
+from fastsgd.launch.simulate import check_faults, prepared, simulate_plan
 from fastsgd.launch.supervise import supervise
 from fastsgd.launch.torchrun import NO_JOIN, train_under_torchrun
 from fastsgd.loop.components import (
@@ -35,7 +35,7 @@ from fastsgd.loop.results import Result, result_of
 from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.records.checkpoint import steps
 from fastsgd.records.rundir import agree, claim, default_out, dropped_if_empty, make_run_folder
-from fastsgd.strategies import CHOICES, Strategy, build_strategy
+from fastsgd.strategies import CHOICES, Strategy, build_strategy, capabilities_of, hook
 from fastsgd.strategies.base import check_codec
 from fastsgd.transport.sim import ComputeModel, Faults, Network
 from fastsgd.transport.sim.compute import heterogeneity
@@ -170,10 +170,10 @@ class Job:
             raise ConfigError(NO_JOIN.format(where="the simulator", instead="run.rejoin = "
                                              "true starts new workers in lost ones' places"))
         strategy = self._strategy_object(config)
-        if getattr(strategy, "REAL_ONLY", False):
+        if capabilities_of(strategy).real_only:
             raise ConfigError(f"strategy.name = '{strategy.name}' runs on real processes only "
                               "(fastsgd run); in the simulator, allreduce is the same algorithm")
-        faults.check_run(strategy, self._codec(config), config)
+        check_faults(faults, strategy, self._codec(config), config)
         plan = self.plan(config, simulated=True)
         with dropped_if_empty(plan.run_dir, self._names_the_folder(config)):
             simulate_plan(plan, net, faults)
@@ -204,10 +204,10 @@ class Job:
         if strategy.name == "ddp" and self._step is model_loss_step:
             raise UserError(NO_DDP)
         _check_momentum_once(codec, config["optimizer"])
-        check_optimizer = getattr(strategy, "check_optimizer", None)
+        check_optimizer = hook(strategy, "check_optimizer")
         if check_optimizer is not None:  # on a probe: before any worker starts
             check_optimizer(self._optimizer([torch.nn.Parameter(torch.zeros(1))]), codec)
-        if config["run"]["checkpoint_every"] and not getattr(strategy, "CHECKPOINTS", True):
+        if config["run"]["checkpoint_every"] and not capabilities_of(strategy).checkpoints:
             raise ConfigError(f"strategy.name = '{strategy.name}' cannot be checkpointed yet: "
                               "what it keeps between steps is not all in its state; set "
                               "run.checkpoint_every = 0")
@@ -256,7 +256,7 @@ class Job:
         strategy = self._strategy
         if strategy is None or isinstance(strategy, str):
             strategy = build_strategy(config["strategy"])
-        check = getattr(strategy, "check", None)  # e.g. does the topology fit the workers?
+        check = hook(strategy, "check")  # e.g. does the topology fit the workers?
         if check is not None:
             check(config["run"]["workers"])
         return strategy

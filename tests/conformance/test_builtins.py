@@ -6,7 +6,7 @@ a process-wide random stream."""
 import pytest
 
 from fastsgd.compress import CODECS
-from fastsgd.strategies import STRATEGIES
+from fastsgd.strategies import STRATEGIES, capabilities_of
 from fastsgd.testing import check_codec, check_strategy
 
 # asynchronous (ps, hogwild, adpsgd, sgp): what a worker gets depends on when it arrives;
@@ -26,7 +26,7 @@ def _cases(names, real):
 @pytest.mark.parametrize("name", _cases(STRATEGIES, REAL_EQUALS_SIMULATED))
 def test_strategy_conforms(name, tmp_path):
     ran = check_strategy(name, real=name in REAL_EQUALS_SIMULATED, out=tmp_path)
-    if getattr(STRATEGIES.get(name), "REAL_ONLY", False):
+    if capabilities_of(STRATEGIES.get(name)).real_only:
         assert ran == ["ends cleanly (real processes)"]
     else:
         assert {"determinism", "resume", "drain"} <= set(ran)

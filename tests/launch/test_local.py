@@ -13,7 +13,7 @@ import pytest
 from fastsgd.control import interrupt
 from fastsgd.control.interrupt import Stop
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
-from fastsgd.launch.local import _stop, _wait, launch
+from fastsgd.launch.local import Told, _stop, _wait, launch
 
 
 def _ping(depth: int = 0) -> int:  # two alternating frames: the trace is not folded
@@ -102,7 +102,7 @@ def test_a_loss_seen_in_one_look_with_its_peers_error_is_named_as_the_cause():
         time.sleep(0.01)
     with pytest.raises(WorkerFailed, match="worker 1 was killed by signal 9 .*could not go on "
                                            "without it"):
-        _wait(procs, ctx.SimpleQueue(), expendable=0, ready=[1, 1])
+        _wait(procs, Told(ctx.SimpleQueue()), expendable=0, ready=[1, 1])
 
 
 @pytest.mark.multiproc
@@ -116,7 +116,7 @@ def test_a_loss_right_after_the_start_up_barrier_is_carried_though_a_peer_is_not
              ctx.Process(target=time.sleep, args=(0.3,))]
     for p in procs:
         p.start()
-    _wait(procs, ctx.SimpleQueue(), expendable=0, ready=[1, 1, 0])
+    _wait(procs, Told(ctx.SimpleQueue()), expendable=0, ready=[1, 1, 0])
     assert [p.exitcode for p in procs] == [0, -signal.SIGKILL, 0]
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fastsgd as fs
-from fastsgd.strategies import STRATEGIES
+from fastsgd.strategies import STRATEGIES, capabilities_of
 from fastsgd.transport.sim import simulate
 
 STEPS = 3
@@ -63,7 +63,7 @@ def test_allreduce_needs_no_total_steps():
 
 
 def test_the_strategies_that_drain_say_so():
-    drains = {name for name in STRATEGIES if getattr(STRATEGIES.get(name), "DRAINS_AT_END", False)}
+    drains = {name for name in STRATEGIES if capabilities_of(STRATEGIES.get(name)).drains_at_end}
     assert drains == {"localsgd", "easgd", "bmuf", "ssp", "ps", "adpsgd", "sgp", "diloco"}
 
 

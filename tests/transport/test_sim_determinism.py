@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fastsgd as fs
-from fastsgd.strategies import STRATEGIES
+from fastsgd.strategies import STRATEGIES, capabilities_of
 
 NOISY = {"compute.model": "fixed", "compute.step_time": "3ms", "compute.update": "200us",
          "compute.reduce_bandwidth": "5GB", "compute.slowdown": [1, 1.5],
@@ -47,7 +47,7 @@ class _Busy:
 
 
 @pytest.mark.parametrize("strategy", [name for name in STRATEGIES  # not ddp: torch's own
-                                      if not getattr(STRATEGIES.get(name), "REAL_ONLY", False)])
+                                      if not capabilities_of(STRATEGIES.get(name)).real_only])
 def test_same_config_same_bits(strategy, synthetic, tmp_path):
     """Also whether workers compute on the scheduler's thread or on two compute lanes
     beside it (transport/sim/lanes.py), in whatever order the machine's load gives."""

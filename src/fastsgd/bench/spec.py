@@ -36,7 +36,7 @@ from fastsgd.config import schema as cfg
 from fastsgd.config.objects import is_import_path
 from fastsgd.config.options import Option, one_of, validate_section
 from fastsgd.errors import ConfigError, UserError
-from fastsgd.strategies import CHOICES, build_strategy
+from fastsgd.strategies import CHOICES, build_strategy, hook
 
 MODES = ("simulate", "run", "hosts")
 BENCH = {"mode": Option(str, "simulate", one_of(MODES), "how every cell runs")}  # [bench]
@@ -134,7 +134,7 @@ def _check_strategy(config: dict[str, Any]) -> None:
     number of servers, fit the workers?"""
     if is_import_path(config["strategy"]["name"]):
         return  # the user's own class: its cell checks it when it runs
-    check = getattr(build_strategy(config["strategy"]), "check", None)
+    check = hook(build_strategy(config["strategy"]), "check")
     if check is not None:
         check(config["run"]["workers"])
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fastsgd.compress.base import Codec, Compressor, Identity, Payload
+from fastsgd.compress.base import KINDS, Codec, Compressor, Identity, Payload
+from fastsgd.compress.contract import check_codec_class
 from fastsgd.compress.powersgd import PowerSGD
 from fastsgd.compress.qsgd import QSGD
 from fastsgd.compress.quantize import BF16, FP16, OneBit, Sign
@@ -11,9 +12,9 @@ from fastsgd.config.options import Registry
 
 CODECS = Registry("compression", "codec", {
     cls.name: cls for cls in (Identity, FP16, BF16, OneBit, Sign, QSGD, TopK, RandomK, DGC,
-                              PowerSGD)})
+                              PowerSGD)}, contract=check_codec_class)
 validate_options = CODECS.validate
 build_compressor = CODECS.build
 
-__all__ = ["CODECS", "Codec", "Compressor", "Identity", "Payload", "build_compressor",
-           "validate_options"]
+__all__ = ["CODECS", "KINDS", "Codec", "Compressor", "Identity", "Payload", "build_compressor",
+           "check_codec_class", "validate_options"]

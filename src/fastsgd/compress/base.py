@@ -26,6 +26,7 @@ import torch
 from fastsgd.config.options import Configurable, Option
 
 Payload = dict[str, torch.Tensor]
+KINDS = ("exact", "quantize", "sparse", "lowrank")  # how payloads meet (above; collectives.py)
 
 
 class Compressor(Protocol):
@@ -55,9 +56,25 @@ def payload_bytes(payload: Payload) -> int:
 
 
 class Codec(Configurable, ABC, section="compression"):
-    """Shared behaviour: `encode` is `compress` plus, when `error_feedback` is on, the residual
-    of what earlier messages failed to carry (Seide et al. 2014; Karimireddy et al. 2019):
-    what is sent plus the new residual equals what was to be sent plus the old residual."""
+    """The base class of a codec (`fastsgd.Codec`): subclass it and write `compress` and
+    `decode`; `compression.name = "module:Class"` runs it.
+
+    What a subclass declares (checked when a job starts, compress/contract.py):
+
+    - `name` (required, a str): what summaries and reports call the codec.
+    - `kind` (default "quantize"): how its payloads meet in a collective, one of `KINDS`
+      (see this module's docstring). A strategy refuses a codec of a kind it does not
+      carry (its `capabilities.codec_kinds`).
+    - `FIELDS` (default []): the payload's tensors, in wire order.
+    - `OPTIONS` (default {}): one `fastsgd.Option` per constructor argument; they become
+      the `compression.*` keys, and config.toml records the values it was built with.
+    - `error_feedback` (default False): `encode` adds to each message what the earlier
+      ones left out (Seide et al. 2014; Karimireddy et al. 2019): what is sent plus the new
+      residual equals what was to be sent plus the old residual.
+
+    Methods: `compress(tensor) -> payload` and `decode(payload, like) -> tensor` (abstract);
+    `init(like)`, `encode(tensor, state)` and `nbytes(payload)` have defaults (below).
+    """
 
     name = "codec"
     kind = "quantize"
@@ -66,11 +83,14 @@ class Codec(Configurable, ABC, section="compression"):
     error_feedback = False
 
     def init(self, like: torch.Tensor) -> dict[str, Any]:
+        """The state of a message stream shaped like `like`: a residual under error feedback,
+        else nothing."""
         if not self.error_feedback:
             return {}
         return {"residual": torch.zeros(like.numel(), dtype=like.dtype, device=like.device)}
 
     def encode(self, tensor: torch.Tensor, state: dict[str, Any]) -> Payload:
+        """`compress(tensor)`, plus the residual in `state` under error feedback."""
         flat = tensor.detach().reshape(-1)
         if not self.error_feedback:
             return self.compress(flat)
@@ -91,12 +111,15 @@ class Codec(Configurable, ABC, section="compression"):
         return state.get("residual")
 
     @abstractmethod
-    def compress(self, tensor: torch.Tensor) -> Payload: ...
+    def compress(self, tensor: torch.Tensor) -> Payload:
+        """The payload for a flat `tensor` alone: a dict of tensors keyed by `FIELDS`."""
 
     @abstractmethod
-    def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor: ...
+    def decode(self, payload: Payload, like: torch.Tensor) -> torch.Tensor:
+        """The tensor a payload stands for, shaped and typed like `like`."""
 
     def nbytes(self, payload: Payload) -> int:
+        """The bytes a payload takes on the wire (what runs count and the simulator prices)."""
         return payload_bytes(payload)
 
 

@@ -19,17 +19,18 @@ from typing import Any
 from fastsgd.errors import ConfigError
 
 # What an import path under each key must name (a module or a constant never is), and the
-# methods a class there must have: one line says so, not a TypeError where it is first used.
+# methods of a class there (a plugin: its registry's contract names what one lacks, in one
+# line, not a TypeError where it is first used: strategies/contract.py, compress/contract.py).
 WANTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "model.name": ("a class or function making a torch.nn.Module with no arguments", ()),
     "model.step": ("a function(model, batch) -> loss", ()),
     "model.evaluate": ("a function(model, dataset, device) -> (accuracy, loss)", ()),
     "optimizer.name": ("a torch.optim.Optimizer class, or a function(params, **options) "
                        "making one", ()),
-    "strategy.name": ("a strategy class (with init, on_gradients, on_parameters)",
-                      ("init", "on_gradients", "on_parameters")),
-    "compression.name": ("a compressor class (with init, encode, decode)",
-                         ("init", "encode", "decode")),
+    "strategy.name": ("a strategy class (with init, on_gradients, on_parameters, close)",
+                      ("init", "on_gradients", "on_parameters", "close")),
+    "compression.name": ("a compressor class (with init, encode, compress, decode, nbytes)",
+                         ("init", "encode", "compress", "decode", "nbytes")),
 }
 
 
@@ -81,12 +82,12 @@ def resolve(value: str, key: str) -> Any:
 
 
 def check_kind(obj: Any, value: str, key: str) -> None:
-    """ConfigError if `obj`, found at import path `value`, is not what `key` must name."""
+    """ConfigError if `obj`, found at import path `value`, is not what `key` must name (a
+    class, where the key names a plugin; its registry checks the class's methods)."""
     if key not in WANTED:
         return
     what, methods = WANTED[key]
-    fits = callable(obj) and (not methods or isinstance(obj, type)
-                              and all(callable(getattr(obj, m, None)) for m in methods))
+    fits = callable(obj) and (not methods or isinstance(obj, type))
     if not fits:
         raise ConfigError(f"{key} = '{value}' names {described(obj)}; it must name {what}")
 

@@ -17,7 +17,15 @@ Check = Callable[[Any], "str | None"]
 
 @dataclass(frozen=True)
 class Option:
-    """One setting: its type, default, an optional range check and a line of documentation."""
+    """One setting (`fastsgd.Option`): a config key, or an option of a strategy or codec.
+
+    - `type`: bool, int, float, str, list or dict; a value of another type is refused (an
+      int is taken for a float);
+    - `default`: the value where the config says nothing (it must pass `check` itself);
+    - `check`: None, or a function of the value returning None where it is fine and else
+      what is wrong, e.g. "must be > 0" (`positive`, `at_least`, `between`, `one_of`);
+    - `doc`: one line, what `fastsgd keys` prints beside the key.
+    """
 
     type: type
     default: Any
@@ -135,10 +143,14 @@ def unknown_key_message(key: str, section: str, schema: dict[str, Option]) -> st
 
 class Registry:
     """Named components of one kind (strategies, codecs), each class with an OPTIONS schema;
-    a config section `{name = ..., option = ...}` selects and configures one."""
+    a config section `{name = ..., option = ...}` selects and configures one. A name may
+    also be an import path `module:Class`, the user's own class, which `contract` checks
+    (raising ConfigError in one line) before anything uses it."""
 
-    def __init__(self, section: str, kind: str, classes: dict[str, type]):
+    def __init__(self, section: str, kind: str, classes: dict[str, type],
+                 contract: Callable[[type], None] | None = None):
         self.section, self.kind, self.classes = section, kind, classes
+        self.contract = contract
 
     def __contains__(self, name: str) -> bool:
         return name in self.classes
@@ -149,11 +161,23 @@ class Registry:
     def get(self, name: str) -> type:
         """A registered class, or the class an import path `module:Class` names."""
         if is_import_path(name):
-            return resolve(name, f"{self.section}.name")
+            cls = resolve(name, f"{self.section}.name")
+            if self.contract is not None:
+                self.contract(cls)
+            return cls
         if name not in self.classes:
-            raise ConfigError(f"unknown {self.kind} '{name}' ({self.section}.name); "
-                              f"choose one of: {', '.join(sorted(self.classes))}")
+            raise ConfigError(self.unknown(name))
         return self.classes[name]
+
+    def unknown(self, name: Any) -> str:
+        """The line for a name that is neither built in nor an import path."""
+        import difflib
+
+        close = difflib.get_close_matches(str(name), list(self.classes), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return (f"unknown {self.kind} '{name}' ({self.section}.name){hint}; choose one of: "
+                f"{', '.join(sorted(self.classes))}, or name your own class as "
+                f"{self.section}.name = \"module:Class\" (docs/extending.md)")
 
     def validate(self, values: dict[str, Any]) -> dict[str, Any]:
         """Check the section's keys against the chosen component's options; fill defaults."""
@@ -184,11 +208,15 @@ def describe(schema: dict[str, dict[str, Option]], registries: dict[str, Registr
 
 
 class Configurable:
-    """A component configured by an OPTIONS schema (a strategy, a codec). Building one in
-    Python checks its arguments exactly as the config file's keys are checked, and `options`
-    records the checked values, which is what a run's config.toml writes.
+    """A component configured by an OPTIONS schema (`fastsgd.Configurable`; StrategyBase and
+    Codec are ones). Building one in Python checks its arguments exactly as the config
+    file's keys are checked (a ConfigError naming the key), and `options` records the
+    checked values, which is what a run's config.toml writes.
 
-    Subclasses name their config section: `class AllReduce(Configurable, section="strategy")`.
+    - `OPTIONS` (default {}): option name -> `Option`, one for each argument of `__init__`;
+    - `SECTION`: the config section, named by a subclass:
+      `class Mine(Configurable, section="strategy")`;
+    - `options`: the checked arguments the object was built with, defaults filled in.
     """
 
     OPTIONS: ClassVar[dict[str, Option]] = {}

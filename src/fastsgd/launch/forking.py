@@ -95,4 +95,4 @@ def failure_of(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Excep
     first_rank, message, is_user_error, trace = reports[0]
     if is_user_error:
         return UserError(message)
-    return WorkerFailed(f"worker {first_rank} failed: {message}\n{trace}")
+    return WorkerFailed(f"worker {first_rank} failed: {message}\n{trace}", rank=first_rank)

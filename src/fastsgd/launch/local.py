@@ -4,7 +4,8 @@ Workers are forked, so a Job built from lambdas and local functions needs no pic
 runs torch with one intra-op thread, as torchrun does by default (OMP_NUM_THREADS=1): a
 forked child that starts an OpenMP pool of its own after the parent used one hangs (libgomp
 is not fork-safe). If one worker fails, the others are stopped and its message is raised,
-unless it was killed and the others carry on without it (`expendable`). The launcher holds
+unless it was killed and the others carry on without it (`expendable`); not one that
+crashed from within (SIGABRT, SIGSEGV: control/crashes.py), a bug. The launcher holds
 the rendezvous store (as torchrun's agent does), so that it outlives any worker: survivors
 that shrink form their new group through it (transport/shrink.py).
 """
@@ -12,6 +13,7 @@ that shrink form their new group through it (transport/shrink.py).
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import socket
 import sys
 import time
@@ -22,6 +24,7 @@ from multiprocessing import connection
 import torch
 import torch.distributed as dist
 
+from fastsgd.control.crashes import Stacks, crashed
 from fastsgd.control.interrupt import DONOR_LOST, Stop, catching
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
 from fastsgd.launch.door import EVERY, Door
@@ -47,7 +50,8 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
     With `rejoin` (the run's steps), a new process takes its place and joins the others
     at a step they agree on, from a live worker's state (FASTSGD_JOIN=STEP:DONOR:SINCE).
     With `door`, a process started from outside (fastsgd join) takes a lost worker's place
-    the same way (door.py). WorkerFailed too if every worker was lost."""
+    the same way (door.py). WorkerFailed too if every worker was lost; for one that raised
+    or crashed (control/crashes.py), with its `rank` and `step`, and not `died`."""
     if torch.cuda.is_initialized():  # a forked child cannot use the parent's CUDA context
         raise UserError("this process used CUDA before starting its workers, and forked "
                         "workers cannot use it: start them first, or use torchrun")
@@ -56,6 +60,8 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
     errors = ctx.SimpleQueue()
     port = free_port()
     stop = Stop(ctx, workers, door.path if door else None)
+    stacks = Stacks(workers)
+    fn = stacks.armed(fn)
     join = "" if rejoin is not None or door else None  # "": the workers accept joiners
     procs = [ctx.Process(target=child, args=(fn, rank, workers, port, errors, restart, stop,
                                               join), name=f"fastsgd-worker-{rank}")
@@ -69,14 +75,15 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
                 ctx, fn, workers, port, errors, restart, stop, steps)
             if door and joins:
                 door.open(stop, port, joins.join_step)
-            _wait(procs, errors, expendable, survivors_stop, stop.ready,
-                  joins if rejoin is not None else None, door)
+            _wait(procs, Told(errors, stop.progress, stacks), expendable, survivors_stop,
+                  stop.ready, joins if rejoin is not None else None, door)
         except KeyboardInterrupt:
             _stop(procs, stop)
         finally:
             if door:
                 door.close()
             _end(procs)
+            stacks.close()
 
 
 def _preload() -> None:
@@ -112,7 +119,39 @@ def _end(procs: list[mp.process.BaseProcess]) -> None:
             p.join()
 
 
-def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
+class Told:
+    """What the launcher tells of worker `rank`'s end (`exitcode`): forking.failure_of (its
+    own report, or its death), unless it crashed (control/crashes.py); a failure that is
+    not a death, with the step it was in (from 1: `progress`, the launcher's count of the
+    steps each worker has done, plus one)."""
+
+    def __init__(self, errors: mp.SimpleQueue, progress: Sequence[int] = (),
+                 stacks: Stacks | None = None):
+        self.errors, self.progress, self.stacks = errors, progress, stacks
+
+    def __call__(self, rank: int, exitcode: int | None) -> Exception:
+        if crashed(exitcode):
+            failure = self._crash(rank, exitcode)
+        else:
+            failure = failure_of(rank, exitcode, self.errors)
+        if isinstance(failure, WorkerFailed) and not failure.died and failure.rank is not None:
+            failure.step = self._step(failure.rank)
+        return failure
+
+    def _crash(self, rank: int, exitcode: int) -> WorkerFailed:
+        name = signal.Signals(-exitcode).name
+        stack = self.stacks.read(rank) if self.stacks else ""
+        return WorkerFailed(
+            f"worker {rank} crashed: signal {-exitcode} ({name}) from within the code it ran, "
+            "a bug (a collective whose size differs between workers, say), not a lost "
+            "machine: the run is not restarted"
+            + (f"\nits Python stack as it crashed:\n{stack}" if stack else ""), rank=rank)
+
+    def _step(self, rank: int) -> int | None:
+        return int(self.progress[rank]) + 1 if rank < len(self.progress) else None
+
+
+def _wait(procs: list[mp.process.BaseProcess], told: Told,
           expendable: int | None, survivors_stop: bool = False,
           ready: Sequence[int] = (), rejoin: _Rejoin | None = None,
           door: Door | None = None) -> None:
@@ -133,38 +172,54 @@ def _wait(procs: list[mp.process.BaseProcess], errors: mp.SimpleQueue,
             # which every other had entered (all(ready) missed a worker that had not yet set
             # its flag); a new worker that joins later is ready once connected to its peers
             formed = formed or not ready or any(ready)
-            if ((p.exitcode < 0 or p.exitcode == DONOR_LOST) and expendable is not None
-                    and rank >= expendable and formed and (not ready or ready[rank])):
+            if (_lost(p.exitcode) and expendable is not None and rank >= expendable
+                    and formed and (not ready or ready[rank])):
                 lost.add(rank)
                 if survivors_stop or len(lost) == len(procs):
                     continue
-                failure = failure_of(rank, p.exitcode, errors)
-                joiner = rejoin.start(rank, [procs.index(q) for q in running]) if rejoin else None
-                if joiner is not None:
-                    procs[rank] = joiner
-                    running.append(joiner)
-                    lost.discard(rank)
-                    print(f"fastsgd: {failure}; a new worker takes its place from step "
-                          f"{rejoin.stop.joined_at[rank]}, with worker "
-                          f"{rejoin.stop.donor[rank]}'s state", file=sys.stderr, flush=True)
-                else:
-                    print(f"fastsgd: {failure}; the others carry on without it",
-                          file=sys.stderr, flush=True)
+                _replace(rank, told(rank, p.exitcode), procs, running, lost, rejoin)
             elif p.exitcode != 0:
-                # a worker that vanished (a signal) is the cause; its peers' connection
-                # errors, which may come first, are the consequence
-                dead = [q for q in procs if q.exitcode is not None and q.exitcode < 0
-                        and procs.index(q) not in lost]
-                if not dead and lost:  # the survivors of a loss could not go on: a fault
-                    raise WorkerFailed(f"{failure_of(min(lost), procs[min(lost)].exitcode, errors)}"
-                                       "; the others could not go on without it", died=True)
-                first = dead[0] if dead else p
-                raise failure_of(procs.index(first), first.exitcode, errors)
+                raise _cause(p, procs, lost, told)
     if lost and (survivors_stop or len(lost) == len(procs)):
-        failure = failure_of(min(lost), procs[min(lost)].exitcode, errors)
+        failure = told(min(lost), procs[min(lost)].exitcode)
         then = ("" if len(lost) == len(procs) else
                 '; the survivors wrote a checkpoint and stopped (run.on_failure = "stop")')
         raise WorkerFailed(f"{failure}{then}", died=True)
+
+
+def _lost(exitcode: int) -> bool:
+    """A process lost (killed by a signal, or a joiner whose donor was lost), which the
+    others may go on without; not one that crashed from within (a bug)."""
+    return (exitcode < 0 and not crashed(exitcode)) or exitcode == DONOR_LOST
+
+
+def _replace(rank: int, failure: Exception, procs: list, running: list, lost: set[int],
+             rejoin: _Rejoin | None) -> None:
+    """Lost `rank`: a new worker takes its place (`rejoin`), or the others carry on."""
+    joiner = rejoin.start(rank, [procs.index(q) for q in running]) if rejoin else None
+    if joiner is not None:
+        procs[rank] = joiner
+        running.append(joiner)
+        lost.discard(rank)
+        print(f"fastsgd: {failure}; a new worker takes its place from step "
+              f"{rejoin.stop.joined_at[rank]}, with worker "
+              f"{rejoin.stop.donor[rank]}'s state", file=sys.stderr, flush=True)
+    else:
+        print(f"fastsgd: {failure}; the others carry on without it",
+              file=sys.stderr, flush=True)
+
+
+def _cause(p: mp.process.BaseProcess, procs: list, lost: set[int], told: Told) -> Exception:
+    """What ends the run now that `p` failed: a worker that a signal ended (vanished, or
+    crashed) is the cause; its peers' connection errors, which may come first, are the
+    consequence. None such, after a loss: the survivors could not go on (a fault)."""
+    dead = [q for q in procs if q.exitcode is not None and q.exitcode < 0
+            and procs.index(q) not in lost]
+    if not dead and lost:
+        return WorkerFailed(f"{told(min(lost), procs[min(lost)].exitcode)}"
+                            "; the others could not go on without it", died=True)
+    first = dead[0] if dead else p
+    return told(procs.index(first), first.exitcode)
 
 
 def _let_in(door: Door, procs: list, running: list, lost: set[int]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fastsgd.config.objects import is_import_path, not_rebuildable
 from fastsgd.control import interrupt
 from fastsgd.errors import UserError
 from fastsgd.launch.door import ENDED_WELL, FAILED, Door
@@ -13,7 +14,7 @@ from fastsgd.launch.forking import worker_environment
 from fastsgd.loop.plan import Plan
 from fastsgd.loop.worker import train
 from fastsgd.records.rundir import DOOR
-from fastsgd.strategies import STRATEGIES
+from fastsgd.strategies import STRATEGIES, capabilities_of
 from fastsgd.strategies.membership import (
     carries_on_for_real,
     first_expendable,
@@ -23,12 +24,18 @@ from fastsgd.transport.rendezvous import pick_backend
 from fastsgd.transport.torch_dist import TorchTransport
 
 
-def backend_of(config: dict[str, Any]) -> str:
-    """run.backend, where `auto` keeps a strategy that shares host memory (Hogwild) on gloo
-    even where every worker has a GPU."""
+def backend_of(config: dict[str, Any], strategy: object | None = None) -> str:
+    """run.backend, where `auto` keeps a strategy that shares host memory (Hogwild:
+    capabilities.host_memory) on gloo even where every worker has a GPU. The strategy is
+    `strategy`, else the class config names (a built-in's, or an import path's)."""
     name, backend = config["strategy"]["name"], config["run"]["backend"]
-    shares = name in STRATEGIES and getattr(STRATEGIES.get(name), "HOST_MEMORY", False)
-    return "gloo" if backend == "auto" and shares else backend
+    if backend != "auto":
+        return backend
+    if strategy is None and (name in STRATEGIES or is_import_path(name)
+                             and not not_rebuildable(name)):
+        strategy = STRATEGIES.get(name)
+    shares = strategy is not None and capabilities_of(strategy).host_memory
+    return "gloo" if shares else backend
 
 
 def survives(plan: Plan) -> str | None:
@@ -40,7 +47,8 @@ def survives(plan: Plan) -> str | None:
     their survivors is not built yet."""
     run = plan.config["run"]
     if (run["on_failure"] != "restart" and shrinks_for_real(plan.strategy, plan.compressor)
-            and pick_backend(backend_of(plan.config), local=run["workers"]) == "gloo"):
+            and pick_backend(backend_of(plan.config, plan.strategy),
+                             local=run["workers"]) == "gloo"):
         return "shrink"  # then, with "stop", the survivors write a checkpoint and stop
     if run["checkpoint_every"] or run["on_failure"] == "stop":
         return None
@@ -71,12 +79,12 @@ def door_of(plan: Plan) -> Door | None:
 
 def _joinable_steps(plan: Plan, key: str) -> int:
     """The run's steps, once sure that the strategy carries on without a lost worker and
-    takes a new one in its place (REJOINS); else UserError naming run.`key`."""
+    takes a new one in its place (capabilities.rejoins); else UserError naming run.`key`."""
     name = plan.config["strategy"]["name"]
-    if survives(plan) != "carry_on" or plan.compressor.kind not in getattr(
-            plan.strategy, "REJOINS", ()):
+    rejoins = capabilities_of(plan.strategy).rejoins
+    if survives(plan) != "carry_on" or plan.compressor.kind not in rejoins:
         takers = [f"{n}{'' if len(kinds) > 1 else ' (exact codecs)'}" for n in STRATEGIES
-                  if (kinds := getattr(STRATEGIES.get(n), "REJOINS", ()))]
+                  if (kinds := capabilities_of(STRATEGIES.get(n)).rejoins)]
         raise UserError(f"run.{key} = true needs a strategy that carries on without a lost "
                         f"worker and takes a new one in its place: {', '.join(takers)}, and "
                         f"run.checkpoint_every = 0 (strategy '{name}', codec "
@@ -86,7 +94,7 @@ def _joinable_steps(plan: Plan, key: str) -> int:
 
 def train_process(plan: Plan) -> None:
     run = plan.config["run"]
-    transport = TorchTransport(backend_of(plan.config), run["timeout"])
+    transport = TorchTransport(backend_of(plan.config, plan.strategy), run["timeout"])
     failed = True  # a stop (Ctrl-C, run.on_failure = "stop") ends train() as its end does
     try:
         mode = survives(plan)

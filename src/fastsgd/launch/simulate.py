@@ -13,16 +13,28 @@ import torch
 from fastsgd.config import schema as cfg
 from fastsgd.config.units import format_bandwidth, format_ns, format_seconds
 from fastsgd.control import interrupt
-from fastsgd.errors import ConfigError, Interrupted
+from fastsgd.errors import ConfigError, Interrupted, WorkerFailed
+from fastsgd.launch.supervise import placed
 from fastsgd.loop.checked_step import StepChecks
 from fastsgd.loop.observe import EvalLog, Observer
 from fastsgd.loop.plan import Plan
 from fastsgd.loop.profiling import needs_profile, profiled
 from fastsgd.loop.worker import train
-from fastsgd.strategies import CHOICES
+from fastsgd.strategies import CHOICES, capabilities_of
+from fastsgd.strategies.membership import first_expendable
 from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
 from fastsgd.transport.sim.compute import PHASES, check_times, compute_model
+from fastsgd.transport.sim.faults import Survival
 from fastsgd.transport.sim.lanes import ahead_for, cores, draws_random
+
+
+def check_faults(faults: Faults, strategy: object, codec: Any, config: dict) -> None:
+    """Refuse, in one line, the [faults] this strategy and codec cannot carry on through
+    (their capabilities: carries_on, rejoins; the ranks none may lose)."""
+    capabilities = capabilities_of(strategy)
+    faults.check_run(Survival(str(getattr(strategy, "name", "?")), codec.name, codec.kind,
+                              capabilities.carries_on, capabilities.rejoins,
+                              first_expendable(strategy)), config)
 
 
 def prepared(config: dict, network: Network | None,
@@ -78,8 +90,11 @@ def simulate_plan(plan: Plan, net: Network, faults: Faults) -> None:
                                      plan.config["run"]["target_accuracy"]))
     lanes, ahead = compute_lanes(plan, model)
     with interrupt.simulated(n) as stop:
-        simulate(n, lambda t: train(plan, t), net, model, faults, plan.observer.crashed,
-                 plan.total_steps(n), lanes, ahead)
+        try:
+            simulate(n, lambda t: train(plan, t), net, model, faults, plan.observer.crashed,
+                     plan.total_steps(n), lanes, ahead)
+        except WorkerFailed as e:  # a worker's bug (transport/sim/collective.py), in one
+            raise placed(e, plan) from e  # line with its step and the strategy, as in a run
     if 0 < stop.stop_at.value < plan.total_steps(n):  # Ctrl-C: checkpoints written
         step = stop.stop_at.value
         raise Interrupted(f"interrupted: every worker stopped after step {step} and wrote "
@@ -149,7 +164,7 @@ def compute_lanes(plan: Plan, compute: ComputeModel) -> tuple[int, int]:
     numbers)."""
     lanes = plan.config["compute"]["lanes"]
     lanes = cores() if lanes < 0 else lanes
-    if not lanes or not compute.deterministic or getattr(plan.strategy, "HOST_MEMORY", False):
+    if not lanes or not compute.deterministic or capabilities_of(plan.strategy).host_memory:
         return 0, 0
     with torch.random.fork_rng(devices=[]):
         model = plan.make_model()

@@ -1,12 +1,14 @@
 """Supervising `fastsgd run`'s own worker processes: restarts after a dead worker, and the
 one-line messages for a failure or a Ctrl-C, with the command that resumes the run.
 
-A worker process that vanishes (kill -9, a crash) is a fault: unless the others go on
+A worker process that vanishes (kill -9, a lost machine) is a fault: unless the others go on
 without it (job.py `_survives`) or `run.on_failure = "stop"`, every worker starts again, up
 to `run.max_restarts` times, from the newest checkpoint (or from the start, the run
-directory's logs cut back to it), and the summary lists what happened. A worker that raises
-is a bug or a user error, not a fault: the run stops. (Under torchrun its elastic agent
-restarts the workers: README.)
+directory's logs cut back to it), and the summary lists what happened. A worker that raises,
+or that crashes from within (SIGABRT, SIGSEGV...: control/crashes.py; a strategy whose
+collectives differ between workers, say), is a bug or a user error, not a fault: the run
+stops, and its one line names the worker, the step it was in and the run's strategy.
+(Under torchrun its elastic agent restarts the workers: README.)
 """
 
 from __future__ import annotations
@@ -35,9 +37,27 @@ def supervise(plan: Plan, attempt: Callable[[int], None]) -> list[dict[str, Any]
             raise _interrupted(e, plan.run_dir) from None
         except WorkerFailed as e:
             if not e.died or k == restarts:
-                raise _with_resume_hint(e, plan.run_dir) from None
+                raise _with_resume_hint(placed(e, plan), plan.run_dir) from None
             failures.append(_restart(plan, e, k + 1, restarts, time.perf_counter() - began))
     return failures
+
+
+def placed(failure: WorkerFailed, plan: Plan) -> WorkerFailed:
+    """A worker's failure that is not a death, with the step it was in and the run's
+    strategy told after the worker ("worker 1 failed in step 3 of strategy 'x': ...");
+    a death as it is (its peers' step says nothing of its cause)."""
+    if failure.died or failure.rank is None:
+        return failure
+    steps = plan.total_steps(plan.config["run"]["workers"])
+    strategy = f"strategy '{plan.config['strategy']['name']}'"
+    if failure.step is None:
+        return failure.placed(f" under {strategy}")
+    if failure.step == 1 and plan.resume and checkpoint.steps(plan.run_dir):
+        # no step counted yet in a run that resumes: it failed in its start-up
+        return failure.placed(f" while resuming, before its first step, under {strategy}")
+    if failure.step > steps:  # in what comes after the steps: the end's collectives
+        return failure.placed(f" after the last step ({steps}) of {strategy}")
+    return failure.placed(f" in step {failure.step} of {strategy}")
 
 
 def _restart(plan: Plan, failure: WorkerFailed, restart: int, restarts: int,
@@ -67,4 +87,5 @@ def _with_resume_hint(failure: WorkerFailed, run_dir: Path) -> WorkerFailed:
     if not checkpoint.steps(run_dir):
         return failure
     return WorkerFailed(f"{failure}\nthe run can go on from its last checkpoint: "
-                        f"fastsgd run --resume {run_dir}", failure.died)
+                        f"fastsgd run --resume {run_dir}", failure.died, failure.rank,
+                        failure.step)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from fastsgd.compress import CODECS
+from fastsgd.compress import CODECS, check_codec_class
 from fastsgd.config.objects import (
     WANTED,
     described,
@@ -24,11 +24,11 @@ from fastsgd.config.objects import (
     resolve,
     with_article,
 )
-from fastsgd.config.options import Registry
+from fastsgd.config.options import Configurable, Registry
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks.base import model_loss_step
 from fastsgd.loop.plan import cross_entropy_step, evaluate_classifier
-from fastsgd.strategies import STRATEGIES
+from fastsgd.strategies import STRATEGIES, check_strategy
 from fastsgd.workloads.data import SEEDED_DATASETS, Dataset
 
 OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -36,6 +36,7 @@ BUILTIN_FUNCTIONS = {"step": {"cross_entropy": cross_entropy_step, "model_loss":
                      "evaluate": {"accuracy": evaluate_classifier}}
 ARGUMENTS = {"step": 2, "evaluate": 3}  # (model, batch); (model, dataset, device)
 EXAMPLES = {"strategy": "fs.AllReduce()", "compressor": "fs.compress.TopK(ratio=0.01)"}
+BASES = {"strategy": "StrategyBase", "compressor": "Codec"}
 
 
 def record(model: Any = None, step: Any = None, evaluate: Any = None, optimizer: Any = None,
@@ -141,18 +142,38 @@ def _record_dataset(data: Dataset, seed: Any) -> dict[str, Any]:
 
 
 def _record_component(obj: Any, registry: Registry) -> dict[str, Any]:
+    """A strategy's or codec's section: its name (or import path) and the options it runs
+    with, once the object keeps the contract its class would if the config named it."""
     if isinstance(obj, str):
         return {"name": obj}
-    if isinstance(obj, type) or not all(callable(getattr(obj, m, None))
+    argument = "strategy" if registry is STRATEGIES else "compressor"
+    if isinstance(obj, type) or not any(callable(getattr(obj, m, None))
                                         for m in WANTED[f"{registry.section}.name"][1]):
-        argument = "strategy" if registry is STRATEGIES else "compressor"
         got = f"the class {obj.__name__} (call it)" if isinstance(obj, type) else described(obj)
         raise UserError(f"{argument} must be a name or a {argument} instance such as "
                         f"{EXAMPLES[argument]}; got {got}")
+    check_strategy(obj) if registry is STRATEGIES else check_codec_class(type(obj))
     name = getattr(obj, "name", None)
     if registry.classes.get(name) is not type(obj):
         name = import_path(type(obj))
-    return {"name": name, **getattr(obj, "options", {})}
+    return {"name": name, **_running_options(obj, argument, registry.section)}
+
+
+def _running_options(obj: Any, argument: str, section: str) -> dict[str, Any]:
+    """The options `obj` runs with: a Configurable's checked constructor arguments; else,
+    for each option its class declares, the object's attribute of that name. UserError where
+    one cannot be read: config.toml would record the default, not what ran."""
+    if isinstance(obj, Configurable):
+        return obj.options
+    schema = getattr(type(obj), "OPTIONS", {})
+    missing = [key for key in schema if not hasattr(obj, key)]
+    if missing:
+        raise UserError(f"the {argument} argument, {described(obj)} ({import_path(type(obj))}"
+                        f"), is not a fastsgd.Configurable and has no attribute {missing[0]!r} "
+                        f"for its option {section}.{missing[0]}, so config.toml cannot record "
+                        f"what it runs with: subclass fastsgd.{BASES[argument]}, or keep each "
+                        "option in an attribute of its name")
+    return {key: getattr(obj, key) for key in schema}
 
 
 def function_from_config(key: str, value: str) -> Callable[..., Any]:

@@ -15,16 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from fastsgd.loop import resume
-from fastsgd.loop.representative import representative
 from fastsgd.records.metrics import JsonLines, read_jsonl
-
-if TYPE_CHECKING:
-    from fastsgd.loop.worker import _Loop as Loop
 
 Evaluate = Callable[[torch.nn.Module], tuple[float, float]]  # -> (accuracy, loss)
 Score = Callable[[torch.nn.Module], float]
@@ -171,29 +165,3 @@ class Observer:
         self.log.record(step, snapshot.when, chosen, accuracy, loss, snapshot.consensus(),
                         snapshot.wall + spent)
         self.log.wall += spent
-
-
-def evaluate_together(loop: Loop, step: int) -> None:
-    """Real processes: a collective, every worker joins and the leader evaluates; not
-    training time: the clock stops once every worker has finished its step."""
-    t = loop.t
-    t.barrier()
-    # who records is settled before the evaluation's collectives: were the leader lost
-    # after them, the next one would record the step too (a recovery redoes it if the
-    # lost one had not written it)
-    leader = loop.leader
-    when, began, wall = loop.clock(), t.now(), time.perf_counter()
-    consensus = loop.replica.consensus_distance()
-    model = representative(loop.plan.config["run"]["representative"], loop.model, t,
-                           loop.score)
-    if loop.rank == leader:
-        if loop.rank != 0 and loop.log.last is None:  # worker 0 was lost: its log
-            loop.log.take_over()
-        resume.kill_if_asked(loop.rank, step, "evaluation")
-        accuracy, loss = loop.plan.evaluate(model, loop.plan.dataset, t.device)
-        loop.log.record(step, when, model, accuracy, loss, consensus, loop.wall())
-    t.barrier()  # the others' clocks stop until the leader is done, as the leader's does
-    loop.evaluated = step  # only now: redone if a worker died meanwhile (recovery.py)
-    loop.log.count += 1
-    loop.eval_time += t.now() - began
-    loop.log.wall += time.perf_counter() - wall

@@ -21,67 +21,66 @@ import os
 import random
 import signal
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from fastsgd.control import interrupt
 from fastsgd.loop import resume
+from fastsgd.loop.context import LoopContext
+from fastsgd.loop.state import SHARED
 from fastsgd.records import checkpoint
+from fastsgd.strategies import hook
 from fastsgd.transport import frames
 from fastsgd.transport.base import PeerLost
-
-if TYPE_CHECKING:
-    from fastsgd.loop.worker import _Loop as Loop
 
 JOIN_TAG = frames.JOIN_TAG  # the donor's state for a joiner
 
 
-def at_step(loop: Loop, step: int) -> None:
+def at_step(ctx: LoopContext, step: int) -> None:
     """At the start of each step: learn of workers that join (transport/roster.py), and
     give one that joins at this step from this worker's state its state."""
-    starting = getattr(loop.t, "starting", None)
+    starting = getattr(ctx.t, "starting", None)
     if starting is None:
         return
     joins = starting(step)  # per rank: (the step it joins at, donor)
-    loop.t.note_returns(step, [at for at, _ in joins])
-    donate(loop, step, joins)
+    ctx.t.note_returns(step, [at for at, _ in joins])
+    donate(ctx, step, joins)
 
 
-def donate(loop: Loop, step: int, joins: list[tuple[int, int]]) -> None:
+def donate(ctx: LoopContext, step: int, joins: list[tuple[int, int]]) -> None:
     """Send the state to every worker that joins at `step` from this one's (once each: a
     rank may be lost and replaced again)."""
     for joiner, (at, donor) in enumerate(joins):
-        if not at or at != step or donor != loop.rank or (joiner, at) in loop.donated:
+        if not at or at != step or donor != ctx.rank or (joiner, at) in ctx.donated:
             continue
-        loop.donated.add((joiner, at))
-        loop.t.await_deferred()  # the model is read
-        if (os.environ.get("FASTSGD_TEST_KILL_DONOR") == str(loop.rank)
-                and loop.t.joining is None):  # fault tests: a donor that dies first
+        ctx.donated.add((joiner, at))
+        ctx.t.await_deferred()  # the model is read
+        if (os.environ.get("FASTSGD_TEST_KILL_DONOR") == str(ctx.rank)
+                and ctx.t.joining is None):  # fault tests: a donor that dies first
             os.kill(os.getpid(), signal.SIGKILL)
-        replica = loop.replica.state_dict()
-        split = getattr(loop.replica.strategy, "donate", None)  # else the state as it is
-        replica["strategy"] = split(loop.replica.state) if split else loop.replica.state
-        state = {"format": checkpoint.FORMAT, "step": step, "model": loop.model.state_dict(),
-                 "optimizer": loop.optimizer.state_dict(), "replica": replica,
-                 "loop": resume.loop_state(loop, loop.t.now()),
-                 "transport": loop.t.join_state()}
+        replica = ctx.replica.state_dict()
+        split = hook(ctx.replica.strategy, "donate")  # else the state as it is
+        replica["strategy"] = split(ctx.replica.state) if split else ctx.replica.state
+        state = {"format": checkpoint.FORMAT, "step": step, "model": ctx.model.state_dict(),
+                 "optimizer": ctx.optimizer.state_dict(), "replica": replica,
+                 "loop": resume.loop_state(ctx, ctx.t.now()),
+                 "transport": ctx.t.join_state()}
         buffer = io.BytesIO()
         torch.save(state, buffer)
-        loop.t.post(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8), joiner,
+        ctx.t.post(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8), joiner,
                     JOIN_TAG)
 
 
-def _take_state(loop: Loop, step: int, donor: int, donor_since: int) -> torch.Tensor:
+def _take_state(ctx: LoopContext, step: int, donor: int, donor_since: int) -> torch.Tensor:
     """The donor's state. If the donor's process died first (PeerLost, or the launcher has
     started another in its rank since, whose hello this process may never get), leave as a
     lost worker does, without a goodbye: the others count this process out from its join
     step, and the launcher starts another from a live worker's state."""
-    deadline = time.monotonic() + loop.plan.config["run"]["timeout"]
+    deadline = time.monotonic() + ctx.plan.config["run"]["timeout"]
     while True:
         try:
-            return loop.t.take_from(JOIN_TAG, donor, step, timeout=0.5)
+            return ctx.t.take_from(JOIN_TAG, donor, step, timeout=0.5)
         except TimeoutError:
             if time.monotonic() > deadline:
                 raise
@@ -89,31 +88,29 @@ def _take_state(loop: Loop, step: int, donor: int, donor_since: int) -> torch.Te
                 continue  # the same donor, still on its way to `step`
         except PeerLost:
             pass
-        if loop.plan.simulated:
-            loop.t.leave(step)
+        if ctx.plan.simulated:
+            ctx.t.leave(step)
         os._exit(interrupt.DONOR_LOST)
 
 
-def join(loop: Loop) -> int:
+def join(ctx: LoopContext) -> int:
     """In a new worker: wait for the donor's state, take it on, and return the step to train
     from."""
-    step, donor, donor_since = loop.t.joining or (0, 0, 0)
-    buffer = _take_state(loop, step, donor, donor_since)
+    step, donor, donor_since = ctx.t.joining or (0, 0, 0)
+    buffer = _take_state(ctx, step, donor, donor_since)
     saved = checkpoint.load(buffer.cpu().numpy().tobytes())
-    loop.model.load_state_dict(saved["model"])
-    loop.optimizer.load_state_dict(saved["optimizer"])
-    loop.replica.load_state_dict(saved["replica"])
-    joined = getattr(loop.replica.strategy, "joined", None)
+    ctx.model.load_state_dict(saved["model"])
+    ctx.optimizer.load_state_dict(saved["optimizer"])
+    ctx.replica.load_state_dict(saved["replica"])
+    joined = hook(ctx.replica.strategy, "joined")
     if joined is not None:
-        joined(step, loop.replica.params)
-    loop.t.load_join_state(saved["transport"])
+        joined(step, ctx.replica.params)
+    ctx.t.load_join_state(saved["transport"])
     was = saved["loop"]
-    loop.eval_time, loop.paused = was["eval_time"], was["paused"]
-    loop.evaluated, loop.wall_before = was["evaluated"], was["wall"]
-    loop.log.load(was["log"])
-    loop.start = loop.t.now() - was["clock"] - loop.eval_time - loop.paused
-    loop.wall_start = time.perf_counter()
-    seed = (loop.plan.config["run"]["seed"] * 1_000_003 + loop.rank * 10_007 + step) % 2**31
+    ctx.state.load_state_dict(was, only=SHARED)
+    ctx.log.load(was["log"])
+    ctx.start_clocks(was["clock"])
+    seed = (ctx.plan.config["run"]["seed"] * 1_000_003 + ctx.rank * 10_007 + step) % 2**31
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed)

@@ -12,8 +12,8 @@
 fastsgd moves the gradients; the user's optimizer applies them. Given the optimizer, a
 strategy can see whether it has momentum (allreduce then compresses each worker's update
 rather than its gradient: strategies/correction.py). A strategy that averages or
-drains on its last step (DRAINS_AT_END) needs `total_steps`, the number of sync_parameters
-calls in the run (examples/own_loop.py).
+drains on its last step (capabilities.drains_at_end) needs `total_steps`, the number of
+sync_parameters calls in the run (examples/own_loop.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ import torch
 
 from fastsgd.compress import Compressor, Identity, build_compressor
 from fastsgd.errors import UserError
-from fastsgd.strategies import Context, Strategy, build_strategy
+from fastsgd.strategies import (
+    Context,
+    Strategy,
+    build_strategy,
+    capabilities_of,
+    check_strategy,
+    hook,
+)
 from fastsgd.strategies.base import check_codec
 from fastsgd.transport.base import Transport
 
@@ -40,6 +47,8 @@ class Replica:
                  optimizer: torch.optim.Optimizer | None = None, joining: bool = False):
         if isinstance(strategy, str):
             strategy = build_strategy({"name": strategy})
+        else:  # the user's object: its class keeps the contract (one line if not)
+            check_strategy(strategy)
         if isinstance(compressor, str):
             compressor = build_compressor({"name": compressor})
         self.model = model
@@ -58,7 +67,7 @@ class Replica:
             self.broadcast_from(0)
         self.state: dict[str, Any] = strategy.init(self.params, self.ctx)
         # what the step runs forward through: the model, or a strategy's wrapper of it (ddp)
-        wrap = getattr(strategy, "wrap", None)
+        wrap = hook(strategy, "wrap")
         self.forward_module = wrap(model, self.ctx) if wrap is not None else model
 
     @property
@@ -68,7 +77,7 @@ class Replica:
     @property
     def total_steps(self) -> int | None:
         """How many times sync_parameters will be called in all: strategies that drain
-        at the end (DRAINS_AT_END) need it to know their last step."""
+        at the end (capabilities.drains_at_end) need it to know their last step."""
         return self.ctx.total_steps
 
     @total_steps.setter
@@ -94,7 +103,7 @@ class Replica:
 
     def _warn_no_last_step(self) -> None:
         self._warned = True
-        if getattr(self.strategy, "DRAINS_AT_END", False):
+        if capabilities_of(self.strategy).drains_at_end:
             warnings.warn(f"strategy '{self.strategy.name}' averages or drains on its last step "
                           "but does not know which step that is: pass Replica(..., "
                           "total_steps=N) (or set replica.total_steps), else the replicas "
@@ -110,7 +119,7 @@ class Replica:
         """Before a checkpoint, on every worker: let the strategy finish what it has in
         flight (messages, requests), so that its state is all there is (optional
         `strategy.settle(params, state, ctx)`). Then a barrier, and `state_dict`."""
-        settle = getattr(self.strategy, "settle", None)
+        settle = hook(self.strategy, "settle")
         if settle is not None:
             settle(self.params, self.state, self.ctx)
 
@@ -119,7 +128,7 @@ class Replica:
         holds the codec's (residuals, momentum, counters), all plain tensors and numbers.
         Model and optimizer state are the user's, saved beside it."""
         saved = {"step": self.ctx.step, "strategy": self.state}
-        in_flight = getattr(self.strategy, "in_flight_state", None)
+        in_flight = hook(self.strategy, "in_flight_state")
         if in_flight is not None:  # work it holds back between steps (ssp)
             saved["in_flight"] = in_flight()
         return saved

@@ -7,106 +7,106 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from fastsgd.control import interrupt
+from fastsgd.loop.context import LoopContext
+from fastsgd.loop.evaluate import evaluate
 from fastsgd.records.metrics import read_jsonl, write_json
 
-if TYPE_CHECKING:
-    from fastsgd.loop.worker import _Loop as Loop
 
-
-def finish(loop: Loop, wall_time: float) -> dict[str, Any] | None:
+def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
     """Collective: the last evaluation if it is due, the totals; the leader's summary."""
-    loop.t.await_deferred()  # the model is read
-    end = loop.clock()
-    evaluating = loop.log.wall  # before the last evaluation, which `wall_time` was taken before
-    if loop.evaluated != loop.steps:
-        loop.evaluate(loop.steps)
+    ctx.t.await_deferred()  # the model is read
+    end = ctx.clock()
+    evaluating = ctx.log.wall  # before the last evaluation, which `wall_time` was taken before
+    if ctx.state.evaluated != ctx.steps:
+        evaluate(ctx, ctx.steps)
     # each worker's own rate up to its last step (where asynchronous strategies drain,
     # waiting for the slowest): fast workers get more done
-    steps, seconds = ((loop.steps - 1, loop.penultimate) if loop.steps > 1
-                      and loop.penultimate is not None else (loop.steps, end))
+    steps, seconds = ((ctx.steps - 1, ctx.state.penultimate) if ctx.steps > 1
+                      and ctx.state.penultimate is not None else (ctx.steps, end))
     # no time passed (no compute, no network: a model of nothing): no rate, not a rate of 0
-    rate = steps * loop.plan.config["data"]["batch_size"] / seconds if seconds > 0 else math.nan
-    totals = torch.tensor([loop.sent, loop.received, rate, loop.skipped], dtype=torch.float64,
-                          device=loop.t.device)
-    loop.t.all_reduce(totals)
+    rate = steps * ctx.plan.config["data"]["batch_size"] / seconds if seconds > 0 else math.nan
+    state = ctx.state
+    totals = torch.tensor([state.sent, state.received, rate, state.skipped],
+                          dtype=torch.float64, device=ctx.t.device)
+    ctx.t.all_reduce(totals)
     # the run ends with its last worker: asynchronous ones end apart (hogwild with a slow
     # worker, a drain), and every evaluation is timed by the last worker to reach it
-    ends = loop.t.all_gather(torch.tensor([end, wall_time - evaluating], dtype=torch.float64,
-                                          device=loop.t.device))
+    ends = ctx.t.all_gather(torch.tensor([end, wall_time - evaluating], dtype=torch.float64,
+                                          device=ctx.t.device))
     end, training_wall = (max(float(e[i]) for e in ends) for i in (0, 1))
-    if loop.rank != loop.leader:
+    if ctx.rank != ctx.leader:
         return None
-    if loop.log.last is None:  # worker 0 was lost after the last evaluation
-        loop.log.take_over()
+    if ctx.log.last is None:  # worker 0 was lost after the last evaluation
+        ctx.log.take_over()
     # in the simulator, all have handed in: totals waited; a leader that took over after
     # the last evaluation has its own replica (the run ended averaged, or on its own)
-    model = loop.log.model[1] or loop.model
-    torch.save(model.state_dict(), loop.plan.run_dir / "model.pt")
-    written = summary(loop, training_wall, end, totals.tolist())
-    write_json(loop.plan.run_dir / "summary.json", written)
-    if loop.plan.config["run"]["tensorboard"]:  # from the metrics every worker flushed
-        loop.events.file(loop.wall()).update()
+    model = ctx.log.model[1] or ctx.model
+    torch.save(model.state_dict(), ctx.plan.run_dir / "model.pt")
+    written = summary(ctx, training_wall, end, totals.tolist())
+    write_json(ctx.plan.run_dir / "summary.json", written)
+    if ctx.plan.config["run"]["tensorboard"]:  # from the metrics every worker flushed
+        ctx.events.file(ctx.wall()).update()
     return written
 
 
-def lost_workers(loop: Loop) -> list[dict[str, Any]]:
+def lost_workers(ctx: LoopContext) -> list[dict[str, Any]]:
     """Who left, at which step, when. On real processes the launcher's shared memory
     knows how far a dead worker got; rank 0's own view (its last message from it) may
     be older."""
     lost = []
-    for r, (step, when) in sorted(loop.t.departed().items()):
-        done = None if loop.plan.simulated else interrupt.steps_done(r)
+    for r, (step, when) in sorted(ctx.t.departed().items()):
+        done = None if ctx.plan.simulated else interrupt.steps_done(r)
         lost.append({"worker": r, "step": step if done is None else done,
-                     "time": round(when - loop.start, 9)})
+                     "time": round(when - ctx.state.start, 9)})
     return lost
 
 
-def rejoined_workers(loop: Loop) -> list[dict[str, Any]]:
+def rejoined_workers(ctx: LoopContext) -> list[dict[str, Any]]:
     """Each worker lost and replaced by a new process that joined (run.rejoin): its rank,
     the step the new one joined at, the steps the lost one had done (the launcher's count
     for the last one of a rank; else the step after its last message to this worker), and
     when it was lost."""
-    rejoins = [r for r in getattr(loop.t, "rejoins", lambda: [])()
+    rejoins = [r for r in getattr(ctx.t, "rejoins", lambda: [])()
                if r["back_at_step"] is not None]
     last = {r["rank"]: r for r in rejoins}  # the launcher knows how far the last one got
     return [{"worker": r["rank"], "joined_at_step": r["back_at_step"],
              "left_at_step": (interrupt.left_after(r["rank"]) if r is last[r["rank"]]
                               else None) or r["left_at_step"],
-             "time": round(r["lost_at"] - loop.start, 3)}
+             "time": round(r["lost_at"] - ctx.state.start, 3)}
             for r in rejoins]
 
 
-def summary(loop: Loop, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
-    cfg = loop.plan.config
-    last = loop.log.last
+def summary(ctx: LoopContext, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
+    cfg = ctx.plan.config
+    last = ctx.log.last
     assert last is not None
     return {
         "strategy": cfg["strategy"]["name"], "compressor": cfg["compression"]["name"],
         "topology": cfg["strategy"].get("topology", "complete"),
-        "workers": loop.world, "steps": loop.steps,
-        "epochs": loop.steps / loop.shard.steps_per_epoch,
-        "global_batch": loop.world * cfg["data"]["batch_size"],
+        "workers": ctx.world, "steps": ctx.steps,
+        "epochs": ctx.steps / ctx.shard.steps_per_epoch,
+        "global_batch": ctx.world * cfg["data"]["batch_size"],
         "final_accuracy": number(last[1]), "final_loss": number(last[2]),
-        "target_accuracy": loop.log.target or None, "time_to_target": loop.log.time_to_target,
-        "wall_to_target": loop.log.wall_to_target,
+        "target_accuracy": ctx.log.target or None, "time_to_target": ctx.log.time_to_target,
+        "wall_to_target": ctx.log.wall_to_target,
         # to the ns, as eval.jsonl's times are: unrounded, an evaluation at the end
         # could read a hair later than the run's end
-        "wall_time": wall_time, "simulated_time": round(end, 9) if loop.plan.simulated
+        "wall_time": wall_time, "simulated_time": round(end, 9) if ctx.plan.simulated
         else None,
-        "eval_time": loop.log.wall, "evaluations": loop.log.count,
+        "eval_time": ctx.log.wall, "evaluations": ctx.log.count,
         "samples_per_second": number(totals[2]),
         "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
         "skipped_steps": int(totals[3]),  # worker-steps with a NaN or inf loss or gradient
         "consensus_distance": number(last[3]), "representative": cfg["run"]["representative"],
-        "lost_workers": lost_workers(loop),
-        "rejoined_workers": rejoined_workers(loop),
-        "mode": "simulated" if loop.plan.simulated else "real",
-        "run_dir": str(loop.plan.run_dir),
+        "lost_workers": lost_workers(ctx),
+        "rejoined_workers": rejoined_workers(ctx),
+        "mode": "simulated" if ctx.plan.simulated else "real",
+        "run_dir": str(ctx.plan.run_dir),
     }
 
 

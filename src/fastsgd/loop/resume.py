@@ -1,5 +1,6 @@
-"""A training loop's checkpoints: what `worker._Loop` saves every `run.checkpoint_every`
-steps and takes back on `--resume` (the files themselves: checkpoint.py).
+"""A training loop's start and checkpoints: what a worker saves every
+`run.checkpoint_every` steps and takes back on `--resume` (the files themselves:
+records/checkpoint.py): the model, the optimizer, the strategy and the loop's `LoopState`.
 
 A checkpoint is a collective: a barrier (in the simulator every worker then sees the same
 random state, and nothing is in flight for the strategies that allow checkpoints there),
@@ -13,13 +14,18 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from fastsgd.config.objects import import_path
+from fastsgd.config.schema import to_toml
+from fastsgd.control import interrupt
 from fastsgd.errors import UserError
+from fastsgd.loop.context import LoopContext
+from fastsgd.records import checkpoint
 from fastsgd.records.checkpoint import (
     commit,
     gather_digests,
@@ -29,27 +35,26 @@ from fastsgd.records.checkpoint import (
     save_worker,
     set_rng_state,
 )
+from fastsgd.records.metrics import write_json
+from fastsgd.records.rundir import environment, host_names
 
-if TYPE_CHECKING:
-    from fastsgd.loop.worker import _Loop as Loop
 
-
-def save(loop: Loop, step: int) -> None:
+def save(ctx: LoopContext, step: int) -> None:
     """A checkpoint after `step` steps, off the training clock."""
-    loop.metrics.flush()
-    loop.t.await_deferred()  # the model is read
-    began = loop.t.now()
-    loop.replica.settle()
-    loop.t.barrier()
-    state = {"step": step, "model": loop.model.state_dict(),
-             "optimizer": loop.optimizer.state_dict(),
-             "replica": loop.replica.state_dict(), "loop": loop_state(loop, began),
-             "rng": rng_state(), "written_by": written_by(loop)}
-    if loop.plan.simulated:
-        state["sim"] = sim_state(loop, step)
-    digest = save_worker(loop.plan.run_dir, step, loop.rank, state)
-    kill_if_asked(loop.rank, step, "checkpoint")
-    complete(loop, step, digest, began)
+    ctx.metrics.flush()
+    ctx.t.await_deferred()  # the model is read
+    began = ctx.t.now()
+    ctx.replica.settle()
+    ctx.t.barrier()
+    state = {"step": step, "model": ctx.model.state_dict(),
+             "optimizer": ctx.optimizer.state_dict(),
+             "replica": ctx.replica.state_dict(), "loop": loop_state(ctx, began),
+             "rng": rng_state(), "written_by": written_by(ctx)}
+    if ctx.plan.simulated:
+        state["sim"] = sim_state(ctx, step)
+    digest = save_worker(ctx.plan.run_dir, step, ctx.rank, state)
+    kill_if_asked(ctx.rank, step, "checkpoint")
+    complete(ctx, step, digest, began)
     if os.environ.get("FASTSGD_TEST_KILL_AFTER_CHECKPOINT") == str(step):
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -74,40 +79,40 @@ def kill_if_asked(rank: int, step: int, where: str = "step") -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def complete(loop: Loop, step: int, digest: bytes, began: float,
+def complete(ctx: LoopContext, step: int, digest: bytes, began: float,
              write_manifest: bool = True) -> None:
     """The checkpoint's second half: digests to the manifest, the time it took off the
     clock. A resumed simulation replays it (without the manifest) to end at the same time."""
-    digests = gather_digests(digest, loop.t)
-    if write_manifest and loop.leads_node:
-        commit(loop.plan.run_dir, step, digests, loop.plan.config["run"]["keep_checkpoints"],
-               loop.t.members(), loop.t.world_size)
+    digests = gather_digests(digest, ctx.t)
+    if write_manifest and ctx.leads_node:
+        commit(ctx.plan.run_dir, step, digests, ctx.plan.config["run"]["keep_checkpoints"],
+               ctx.t.members(), ctx.t.world_size)
     # nobody goes on before the manifest is in: a worker that died right after its part
     # got the others stopped while the leader was still committing (CI saw no complete
     # checkpoint after a kill -9 at a checkpoint's step)
-    loop.t.barrier()
-    loop.paused += loop.t.now() - began
+    ctx.t.barrier()
+    ctx.state.paused += ctx.t.now() - began
 
 
-def written_by(loop: Loop) -> dict[str, list[str]]:
+def written_by(ctx: LoopContext) -> dict[str, list[str]]:
     """What made the model and the optimizer: their config names and classes."""
-    config = loop.plan.config
+    config = ctx.plan.config
     return {key: [str(config[key]["name"]), import_path(type(made))]
-            for key, made in (("model", loop.model), ("optimizer", loop.optimizer))}
+            for key, made in (("model", ctx.model), ("optimizer", ctx.optimizer))}
 
 
-def load_states(loop: Loop, saved: dict[str, Any], path: Path) -> None:
+def load_states(ctx: LoopContext, saved: dict[str, Any], path: Path) -> None:
     """Model, optimizer and strategy state from checkpoint file `path`, or one line naming
     the key (model.name, optimizer.name) that differs from the run's that wrote it."""
-    config, then = loop.plan.config, saved.get("written_by", {})  # not in older checkpoints
-    for key, (name, made) in written_by(loop).items():
+    config, then = ctx.plan.config, saved.get("written_by", {})  # not in older checkpoints
+    for key, (name, made) in written_by(ctx).items():
         if key in then and then[key][1] != made:
             raise UserError(f"{path} was written by another {key}: {key}.name = "
                             f"'{then[key][0]}', not '{name}'; resume with that {key}.name, "
                             "or start a new run")
-    settings = _settings(loop.optimizer)
-    for key, target in (("model", loop.model), ("optimizer", loop.optimizer),
-                        ("replica", loop.replica)):
+    settings = _settings(ctx.optimizer)
+    for key, target in (("model", ctx.model), ("optimizer", ctx.optimizer),
+                        ("replica", ctx.replica)):
         section = "strategy" if key == "replica" else key
         try:
             target.load_state_dict(saved[key])
@@ -116,7 +121,7 @@ def load_states(loop: Loop, saved: dict[str, Any], path: Path) -> None:
             raise UserError(f"{path} was written by another {section}: it does not fit "
                             f"{section}.name = '{config[section]['name']}'; resume with the "
                             f"{section}.name it was written with, or start a new run") from None
-    for group, own in zip(loop.optimizer.param_groups, settings, strict=True):
+    for group, own in zip(ctx.optimizer.param_groups, settings, strict=True):
         params = group["params"]
         group.clear()
         group.update(own, params=params)
@@ -131,54 +136,70 @@ def _settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
             for group in optimizer.param_groups]
 
 
-def loop_state(loop: Loop, began: float) -> dict[str, Any]:
-    return {"sent": loop.sent, "received": loop.received, "eval_time": loop.eval_time,
-            "paused": loop.paused, "evaluated": loop.evaluated, "clock": loop.clock(),
-            "start": loop.start, "began": began, "wall": loop.wall(),
-            "penultimate": getattr(loop, "penultimate", None),
-            "skipped": [loop.skipped, loop.bad_in_a_row],
-            "log": loop.log.state()}
+def loop_state(ctx: LoopContext, began: float) -> dict[str, Any]:
+    """The loop's state as a checkpoint or a joining worker takes it, with the evaluation
+    log's and the time this checkpoint `began` (a resumed simulation replays its end)."""
+    return {**ctx.state.state_dict(ctx.clock(), ctx.wall()), "began": began,
+            "log": ctx.log.state()}
 
 
-def sim_state(loop: Loop, step: int) -> dict[str, Any]:
-    fabric = loop.t.fabric
+def sim_state(ctx: LoopContext, step: int) -> dict[str, Any]:
+    fabric = ctx.t.fabric
     if fabric.in_flight():
-        raise UserError(f"strategy '{loop.plan.config['strategy']['name']}' has messages "
+        raise UserError(f"strategy '{ctx.plan.config['strategy']['name']}' has messages "
                         f"in flight at step {step}: the simulator cannot checkpoint it yet "
                         "(set run.checkpoint_every = 0)")
-    return {"clock": loop.t.now_ns(), "fabric": fabric.state() if loop.rank == 0 else None}
+    return {"clock": ctx.t.now_ns(), "fabric": fabric.state() if ctx.rank == 0 else None}
 
 
-def restore(loop: Loop, step: int, data: bytes) -> int:
+def restore(ctx: LoopContext, step: int, data: bytes) -> int:
     """Continue from the checkpoint of `step` (this worker's file, `data`): model,
-    optimizer and strategy state, random streams, counters and clocks. Returns the next
-    step."""
-    if step >= loop.steps:
-        raise UserError(f"{loop.plan.run_dir} is complete: its checkpoint is at step {step} "
-                        f"and the run has {loop.steps} steps; to train longer, --set "
+    optimizer and strategy state, random streams, the loop's state and clocks. Returns the
+    next step."""
+    if step >= ctx.steps:
+        raise UserError(f"{ctx.plan.run_dir} is complete: its checkpoint is at step {step} "
+                        f"and the run has {ctx.steps} steps; to train longer, --set "
                         "run.steps to more")
     saved = load(data)
-    if "sim" in saved and not loop.plan.simulated:
-        raise UserError(f"the checkpoint in {loop.plan.run_dir} was written by fastsgd "
+    if "sim" in saved and not ctx.plan.simulated:
+        raise UserError(f"the checkpoint in {ctx.plan.run_dir} was written by fastsgd "
                         f"simulate: resume it with fastsgd simulate --resume "
-                        f"{loop.plan.run_dir}")
-    load_states(loop, saved, rank_file(loop.plan.run_dir, step, loop.rank))
+                        f"{ctx.plan.run_dir}")
+    load_states(ctx, saved, rank_file(ctx.plan.run_dir, step, ctx.rank))
     set_rng_state(saved["rng"])
     was = saved["loop"]
-    loop.sent, loop.received = was["sent"], was["received"]
-    loop.eval_time, loop.paused = was["eval_time"], was["paused"]
-    loop.evaluated, loop.wall_before = was["evaluated"], was["wall"]
-    loop.skipped, loop.bad_in_a_row = was["skipped"]
-    if was["penultimate"] is not None:
-        loop.penultimate = was["penultimate"]
-    if loop.rank == 0:
-        loop.log.load(was["log"])
+    ctx.state.load_state_dict(was)
+    if ctx.rank == 0:
+        ctx.log.load(was["log"])
     if "sim" not in saved:
-        loop.start = loop.t.now() - was["clock"] - loop.eval_time - loop.paused
+        ctx.start_clocks(was["clock"])
         return step
-    loop.t.set_clock(saved["sim"]["clock"])
+    ctx.t.set_clock(saved["sim"]["clock"])
     if saved["sim"]["fabric"] is not None:
-        loop.t.fabric.load_state(saved["sim"]["fabric"])
-    loop.start = was["start"]
-    complete(loop, step, bytes(32), was["began"], write_manifest=False)
+        ctx.t.fabric.load_state(saved["sim"]["fabric"])
+    complete(ctx, step, bytes(32), was["began"], write_manifest=False)
+    return step
+
+
+def start(ctx: LoopContext) -> int:
+    """Agree on the checkpoint to resume from, start the clock together, record what
+    runs (once a resume took the checkpoint: a refused one leaves config.toml as it
+    was); the step to start at."""
+    plan, t = ctx.plan, ctx.t
+    hosts = [socket.gethostname()] if plan.simulated else host_names(t)
+    saved = (checkpoint.agree_step(plan.run_dir, t, required=not plan.fresh_if_none)
+             if plan.resume else None)
+    if saved and ctx.leads_node:
+        checkpoint.cut_back(plan.run_dir, saved[0])
+    t.barrier()  # everyone starts the clock together (setup is not training time)
+    # a death before every worker got here stops them all (launch.py): a survivor may
+    # still be in a start-up collective (the first model's broadcast) with the dead
+    interrupt.set_ready(ctx.rank)
+    t.off_clock()
+    ctx.start_clocks()
+    step = restore(ctx, *saved) if saved else 0
+    if ctx.rank == 0:  # config.toml (what ran), environment.json (where, with what)
+        (plan.run_dir / "config.toml").write_text(to_toml(plan.config))
+        backend = "simulated" if plan.simulated else str(torch.distributed.get_backend())
+        write_json(plan.run_dir / "environment.json", environment(backend, hosts))
     return step

@@ -7,7 +7,9 @@ from fastsgd.config.options import Registry
 from fastsgd.strategies.allreduce import AllReduce
 from fastsgd.strategies.async_gossip import SGP
 from fastsgd.strategies.averaging import BMUF, EASGD, LocalSGD
-from fastsgd.strategies.base import Context, Strategy
+from fastsgd.strategies.base import Context, Strategy, StrategyBase
+from fastsgd.strategies.capabilities import Capabilities, capabilities_of, hook
+from fastsgd.strategies.contract import check_strategy, check_strategy_class
 from fastsgd.strategies.ddp import DDP
 from fastsgd.strategies.diloco import DiLoCo
 from fastsgd.strategies.gossip import DPSGD
@@ -19,12 +21,15 @@ from fastsgd.strategies.tournament import Tournament
 
 STRATEGIES = Registry("strategy", "strategy", {
     cls.name: cls for cls in (AllReduce, StaleSynchronous, LocalSGD, EASGD, BMUF, DPSGD, ADPSGD,
-                              SGP, ParameterServer, Hogwild, Tournament, DiLoCo, DDP)})
+                              SGP, ParameterServer, Hogwild, Tournament, DiLoCo, DDP)},
+    contract=check_strategy_class)
 validate_options = STRATEGIES.validate
 build_strategy = STRATEGIES.build
 # What the config's open sections choose from (fastsgd.config.schema takes it as an argument).
 CHOICES = {"strategy": STRATEGIES, "compression": CODECS}
 
 __all__ = ["ADPSGD", "BMUF", "CHOICES", "DDP", "DPSGD", "EASGD", "SGP", "STRATEGIES", "AllReduce",
-           "Context", "DiLoCo", "Hogwild", "LocalSGD", "ParameterServer", "StaleSynchronous",
-           "Strategy", "Tournament", "build_strategy", "validate_options"]
+           "Capabilities", "Context", "DiLoCo", "Hogwild", "LocalSGD", "ParameterServer",
+           "StaleSynchronous", "Strategy", "StrategyBase", "Tournament", "build_strategy",
+           "capabilities_of", "check_strategy", "check_strategy_class", "hook",
+           "validate_options"]

@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 
+from fastsgd.compress.base import KINDS
 from fastsgd.compress.collectives import all_reduce_means, init_all_reduce, unsent
-from fastsgd.config.options import Configurable, Option, one_of, positive
-from fastsgd.strategies.base import Context
+from fastsgd.config.options import Option, one_of, positive
+from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.correction import MODES, corrects
 from fastsgd.strategies.params import all_finite
 from fastsgd.transport.base import Handle
@@ -77,10 +79,12 @@ class _Bucket:
         return mean
 
 
-class AllReduce(Configurable, section="strategy"):
+class AllReduce(StrategyBase):
     name = "allreduce"
-    CARRIES_ON = ("exact",)  # shrinks: the survivors' all-reduce, the data re-sharded
-    SHRINKS_REAL = True  # also on real processes (gloo): recovery.py
+    capabilities = Capabilities(
+        codec_kinds=KINDS,
+        carries_on=("exact",),  # shrinks: the survivors' all-reduce, the data re-sharded
+        shrinks_real=True)  # also on real processes (gloo): recovery.py
     OPTIONS = {
         "bucket_mb": Option(float, 25.0, positive, "gradient bucket size in MB"),
         "overlap": Option(bool, True, doc="start each bucket's all-reduce during backward"),

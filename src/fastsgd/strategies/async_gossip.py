@@ -39,6 +39,7 @@ import torch
 from fastsgd.compress.wire import pack, unpack
 from fastsgd.config.options import Option, at_least, between
 from fastsgd.strategies.base import Context
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.gossip import (
     END_OPTIONS,
     TOPOLOGY_OPTIONS,
@@ -61,11 +62,12 @@ MAX_LAG = 16  # sgp: steps a push may lag behind its receiver (max_lag)
 
 class SGP(OnGraph):
     name = "sgp"
-    DRAINS_AT_END = True  # takes in every push still on the wire (ctx.total_steps)
-    CODEC_KINDS = ("exact", "quantize", "sparse")
-    CARRIES_ON = CODEC_KINDS  # a lost worker's share is dropped with its weight
-    CARRIES_ON_REAL = True  # also on real processes: no collective while training
-    REJOINS = CODEC_KINDS  # a new worker may take a lost one's place (run.rejoin): donate
+    capabilities = Capabilities(
+        drains_at_end=True,  # takes in every push still on the wire (ctx.total_steps)
+        codec_kinds=("exact", "quantize", "sparse"),
+        carries_on=("exact", "quantize", "sparse"),  # a lost worker's share leaves with it
+        carries_on_real=True,  # also on real processes: no collective while training
+        rejoins=("exact", "quantize", "sparse"))  # a new worker may take a lost one's place
     OPTIONS = {**TOPOLOGY_OPTIONS, "topology": TOPOLOGY_OPTIONS["topology"].with_default(
         "onepeer"), "gamma": Option(float, 0.0, between(0, 1), "push step (lossy codecs only; "
                                     "0: from the codec's compression)"),

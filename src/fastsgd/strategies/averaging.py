@@ -23,10 +23,12 @@ from typing import Any
 
 import torch
 
+from fastsgd.compress.base import KINDS
 from fastsgd.compress.collectives import init_all_reduce
-from fastsgd.config.options import Configurable, Option, at_least, between
+from fastsgd.config.options import Option, at_least, between
 from fastsgd.strategies.allreduce import AllReduce
-from fastsgd.strategies.base import Context
+from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.params import assign, average, buffer_mask, flatten, mean_change
 
 Params = list[torch.nn.Parameter]
@@ -36,7 +38,7 @@ def _open_interval(v: float) -> str | None:
     return None if 0 < v < 1 else "must be in (0, 1)"
 
 
-class _Periodic(Configurable, section="strategy"):
+class _Periodic(StrategyBase):
     """Shared shape: no gradient exchange; act on parameters at the end of each period."""
 
     OPTIONS: dict[str, Option] = {"period": Option(int, 8, at_least(1), "steps between rounds")}
@@ -60,9 +62,11 @@ class _Periodic(Configurable, section="strategy"):
 
 class LocalSGD(_Periodic):
     name = "localsgd"
-    CARRIES_ON = ("exact",)  # shrinks: the survivors' average (params.average counts them)
-    SHRINKS_REAL = True
-    DRAINS_AT_END = True  # averages after the last step (ctx.last_step)
+    capabilities = Capabilities(
+        codec_kinds=KINDS,
+        carries_on=("exact",),  # shrinks: the survivors' average (params.average counts them)
+        shrinks_real=True,
+        drains_at_end=True)  # averages after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
                "warmup": Option(int, 0, at_least(0), "synchronous steps before local SGD")}
 
@@ -90,9 +94,11 @@ class LocalSGD(_Periodic):
 
 class EASGD(_Periodic):
     name = "easgd"
-    CARRIES_ON = ("exact",)  # shrinks: the centre moves by the survivors' distances
-    SHRINKS_REAL = True
-    DRAINS_AT_END = True  # a round after the last step (ctx.last_step)
+    capabilities = Capabilities(
+        codec_kinds=KINDS,
+        carries_on=("exact",),  # shrinks: the centre moves by the survivors' distances
+        shrinks_real=True,
+        drains_at_end=True)  # a round after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
                "alpha": Option(float, 0.1, _open_interval, "elastic force, in (0, 1)")}
 
@@ -123,9 +129,11 @@ class EASGD(_Periodic):
 
 class BMUF(_Periodic):
     name = "bmuf"
-    CARRIES_ON = ("exact",)  # shrinks: the block update is the survivors' mean
-    SHRINKS_REAL = True
-    DRAINS_AT_END = True  # a block update after the last step (ctx.last_step)
+    capabilities = Capabilities(
+        codec_kinds=KINDS,
+        carries_on=("exact",),  # shrinks: the block update is the survivors' mean
+        shrinks_real=True,
+        drains_at_end=True)  # a block update after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
                "block_momentum": Option(float, 0.5, between(0, 0.999)),
                "block_lr": Option(float, 0.5, at_least(0), "1 - block_momentum: unit gain"),

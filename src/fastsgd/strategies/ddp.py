@@ -14,18 +14,18 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from fastsgd.config.options import Configurable, Option, positive
+from fastsgd.config.options import Option, positive
 from fastsgd.errors import UserError
-from fastsgd.strategies.base import Context
+from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.transport.base import ring_allreduce_bytes
 
 Params = list[torch.nn.Parameter]
 
 
-class DDP(Configurable, section="strategy"):
+class DDP(StrategyBase):
     name = "ddp"
-    CODEC_KINDS = ("exact",)
-    REAL_ONLY = True  # fastsgd simulate refuses it
+    capabilities = Capabilities(real_only=True)  # fastsgd simulate refuses it
     OPTIONS = {"bucket_mb": Option(float, 25.0, positive, "DDP's bucket_cap_mb")}
 
     def __init__(self, bucket_mb: float = 25.0):

@@ -43,15 +43,17 @@ checkpoint where no sync is in flight, e.g. with `overlap = 0`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from fastsgd.compress.base import Compressor
+from fastsgd.compress.base import KINDS, Compressor
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
-from fastsgd.config.options import Configurable, Option, at_least, between, positive
+from fastsgd.config.options import Option, at_least, between, positive
 from fastsgd.errors import ConfigError, UserError
-from fastsgd.strategies.base import Context
+from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.params import buffer_mask, flatten
 from fastsgd.transport.base import Done, Handle
 
@@ -62,11 +64,15 @@ def _below_one(v: float) -> str | None:
     return None if 0 <= v < 1 else "must be in [0, 1)"
 
 
-class DiLoCo(Configurable, section="strategy"):
+class DiLoCo(StrategyBase):
     name = "diloco"
-    DRAINS_AT_END = True  # lands every sync in flight and syncs everything (ctx.last_step)
-    CODEC_KINDS = ("exact", "quantize", "sparse", "lowrank")
-    REFUSED_CODECS = ("dgc",)  # momentum correction: a second momentum on the pseudo-gradient
+    capabilities = Capabilities(
+        drains_at_end=True,  # lands every sync in flight and syncs everything (ctx.last_step)
+        codec_kinds=KINDS,
+        refused_codecs=("dgc",),  # momentum correction: a second momentum on the pseudo-grad
+        # shrinks with exact codecs: the outer step takes the survivors' mean (see __init__)
+        carries_on=("exact",),
+        shrinks_real=True)  # where carries_on allows: also on real processes (recovery.py)
     OPTIONS = {
         "period": Option(int, 500, at_least(1), "inner steps between outer steps (H)"),
         "outer_lr": Option(float, 0.7, positive, "outer (Nesterov SGD) learning rate"),
@@ -92,27 +98,19 @@ class DiLoCo(Configurable, section="strategy"):
         self._groups: list[tuple[int, int]] = []  # fragment -> [first, last) parameter index
         self._slices: list[tuple[int, int]] = []  # fragment -> [start, end) in the flat vector
         self._in_flight: dict[int, tuple[int, int, torch.Tensor, Handle]] = {}  # started, lands
+        # a sync in flight across steps (overlap) holds a handle, which no checkpoint keeps,
+        # and it cannot shrink then, nor with fragments, whose round can fail halfway (one
+        # fragment's outer step taken, the next one's not)
+        if overlap or fragments > 1:
+            self.capabilities = replace(DiLoCo.capabilities, carries_on=(),
+                                        checkpoints=overlap == 0)
 
     def check_compression(self, codec: Compressor, world_size: int) -> None:
-        if codec.name in self.REFUSED_CODECS:
+        if codec.name in self.capabilities.refused_codecs:
             raise UserError(f"compression.name = '{codec.name}' cannot carry the pseudo-"
                             f"gradient of strategy.name = '{self.name}': its momentum "
                             "correction adds a second momentum to the outer one; choose "
                             "topk, qsgd, fp16, ...")
-
-    @property
-    def CARRIES_ON(self) -> tuple[str, ...]:  # noqa: N802 - the strategies' flag
-        """Shrinks (exact codecs): the outer step takes the survivors' mean. Not with a sync
-        in flight across steps (overlap), nor with fragments, whose round can fail halfway
-        (one fragment's outer step taken, the next one's not)."""
-        return ("exact",) if self.overlap == 0 and self.fragments == 1 else ()
-
-    SHRINKS_REAL = True  # where CARRIES_ON allows: also on real processes (recovery.py)
-
-    @property
-    def CHECKPOINTS(self) -> bool:  # noqa: N802 - the strategies' flag
-        """A sync in flight (overlap) holds a handle, which no checkpoint can keep."""
-        return self.overlap == 0
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         if self.fragments > len(params):

@@ -23,9 +23,10 @@ import torch
 from fastsgd.compress.base import Compressor
 from fastsgd.compress.collectives import decode_buffer
 from fastsgd.compress.wire import pack
-from fastsgd.config.options import Configurable, Option, at_least, between, one_of
+from fastsgd.config.options import Option, at_least, between, one_of
 from fastsgd.errors import UserError
-from fastsgd.strategies.base import Context
+from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.membership import gone_at, healed_weights
 from fastsgd.strategies.params import assign, flatten, mix_into
 from fastsgd.topology.build import TOPOLOGIES, Topology, build_topology
@@ -62,7 +63,7 @@ def _topology(graph: dict[str, Any], world_size: int) -> Topology:
     return build_topology(graph.pop("name"), world_size, **graph)
 
 
-class OnGraph(Configurable, section="strategy"):
+class OnGraph(StrategyBase):
     """A strategy that talks to the neighbours of a topology built for the world size."""
 
     OPTIONS: dict[str, Option] = TOPOLOGY_OPTIONS
@@ -101,10 +102,11 @@ class OnGraph(Configurable, section="strategy"):
 
 class DPSGD(OnGraph):
     name = "dpsgd"
-    CODEC_KINDS = ("exact", "quantize", "sparse")
-    CARRIES_ON = ("exact",)  # without lost workers (membership.py); CHOCO's copies do not
-    CARRIES_ON_REAL = True  # real rounds that disagree on when a worker left: exchange.py
-    REJOINS = ("exact",)  # the graph reopens at the step a new worker joins at (roster.py)
+    capabilities = Capabilities(
+        codec_kinds=("exact", "quantize", "sparse"),
+        carries_on=("exact",),  # without lost workers (membership.py); CHOCO's copies do not
+        carries_on_real=True,  # real rounds that disagree on when a worker left: exchange.py
+        rejoins=("exact",))  # the graph reopens at the step a new worker joins at (roster.py)
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "gamma": Option(float, 0.0, between(0, 1), "CHOCO step (lossy codecs only; 0: "
                                "from the codec's compression)")}

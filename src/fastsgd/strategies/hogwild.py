@@ -11,18 +11,18 @@ from typing import Any
 
 import torch
 
-from fastsgd.config.options import Configurable
-from fastsgd.strategies.base import Context
+from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.params import flatten
 from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment
 
 Params = list[torch.nn.Parameter]
 
 
-class Hogwild(Configurable, section="strategy"):
+class Hogwild(StrategyBase):
     name = "hogwild"
-    CODEC_KINDS = ("exact",)
-    HOST_MEMORY = True  # run.backend = "auto" picks gloo: the parameters live in /dev/shm
+    # run.backend = "auto" picks gloo: the parameters live in /dev/shm
+    capabilities = Capabilities(host_memory=True)
     OPTIONS = {"adapt_optimizer": ADAPT_OPTION}
 
     def __init__(self, adapt_optimizer: bool = True):

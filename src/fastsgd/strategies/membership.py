@@ -15,23 +15,27 @@ from collections.abc import Callable
 
 import torch
 
+from fastsgd.strategies.capabilities import capabilities_of
 from fastsgd.topology.build import Topology
 from fastsgd.transport.base import PeerLost, Transport
 
 
 def carries_on_for_real(strategy: object, codec: object) -> bool:
     """Do real worker processes of this strategy carry on without a dead one? Those that
-    wait for no collective while training (CARRIES_ON_REAL), with a codec whose state does
-    not tie the dead to the living (CARRIES_ON)."""
-    return (getattr(strategy, "CARRIES_ON_REAL", False)
-            and getattr(codec, "kind", "exact") in getattr(strategy, "CARRIES_ON", ()))
+    wait for no collective while training (capabilities.carries_on_real), with a codec whose
+    state does not tie the dead to the living (capabilities.carries_on)."""
+    capabilities = capabilities_of(strategy)
+    return (capabilities.carries_on_real
+            and getattr(codec, "kind", "exact") in capabilities.carries_on)
 
 
 def shrinks_for_real(strategy: object, codec: object) -> bool:
     """Do real worker processes of this synchronous strategy go on in a smaller group without
-    a dead one (SHRINKS_REAL: run.on_failure = "shrink", recovery.py), with this codec?"""
-    return (getattr(strategy, "SHRINKS_REAL", False)
-            and getattr(codec, "kind", "exact") in getattr(strategy, "CARRIES_ON", ()))
+    a dead one (capabilities.shrinks_real: run.on_failure = "shrink", recovery.py), with this
+    codec (capabilities.carries_on)?"""
+    capabilities = capabilities_of(strategy)
+    return (capabilities.shrinks_real
+            and getattr(codec, "kind", "exact") in capabilities.carries_on)
 
 
 def first_expendable(strategy: object) -> int:

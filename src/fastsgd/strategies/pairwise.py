@@ -40,6 +40,7 @@ from fastsgd.compress.wire import pack
 from fastsgd.config.options import Option, at_least
 from fastsgd.errors import UserError
 from fastsgd.strategies.base import Context
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.gossip import (
     END_OPTIONS,
     TOPOLOGY_OPTIONS,
@@ -60,11 +61,12 @@ MAX_LAG = 16  # steps a worker may run ahead of its neighbours (max_lag)
 
 class ADPSGD(OnGraph):
     name = "adpsgd"
-    DRAINS_AT_END = True  # answers and collects every exchange still out (ctx.last_step)
-    CODEC_KINDS = ("exact", "quantize", "sparse")
-    CARRIES_ON = CODEC_KINDS  # an exchange with a lost peer is given up
-    CARRIES_ON_REAL = True  # also on real processes: no collective while training
-    REJOINS = CODEC_KINDS  # a new worker may take a lost one's place (run.rejoin): joined
+    capabilities = Capabilities(
+        drains_at_end=True,  # answers and collects every exchange still out (ctx.last_step)
+        codec_kinds=("exact", "quantize", "sparse"),
+        carries_on=("exact", "quantize", "sparse"),  # an exchange with a lost peer is given up
+        carries_on_real=True,  # also on real processes: no collective while training
+        rejoins=("exact", "quantize", "sparse"))  # a new worker may take a lost one's place
     OPTIONS = {**TOPOLOGY_OPTIONS,
                "rotate": Option(bool, False, doc="rotate partners (GossipGraD)"),
                "max_lag": Option(int, MAX_LAG, at_least(0), "at step k, first wait until "

@@ -33,9 +33,10 @@ import torch
 
 from fastsgd.compress.base import Compressor
 from fastsgd.compress.wire import pack, unpack
-from fastsgd.config.options import Configurable, Option, at_least
+from fastsgd.config.options import Option, at_least
 from fastsgd.errors import UserError
-from fastsgd.strategies.base import Context
+from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment, queue_staleness
 from fastsgd.transport.base import PeerLost
@@ -44,13 +45,14 @@ Params = list[torch.nn.Parameter]
 PUSH, FETCH, PARAMS = 31, 32, 33
 
 
-class ParameterServer(Configurable, section="strategy"):
+class ParameterServer(StrategyBase):
     name = "ps"
-    DRAINS_AT_END = True  # a final push and fetch, waited for (ctx.last_step)
-    CODEC_KINDS = ("exact", "quantize", "sparse")
-    CARRIES_ON = CODEC_KINDS  # a server forgets a lost worker (not a lost server)
-    CARRIES_ON_REAL = True  # also on real processes: no collective while training
-    REJOINS = ("exact",)  # a new worker may take a lost one's place (run.rejoin)
+    capabilities = Capabilities(
+        drains_at_end=True,  # a final push and fetch, waited for (ctx.last_step)
+        codec_kinds=("exact", "quantize", "sparse"),
+        carries_on=("exact", "quantize", "sparse"),  # a server forgets a lost worker
+        carries_on_real=True,  # also on real processes: no collective while training
+        rejoins=("exact",))  # a new worker may take a lost one's place (run.rejoin)
     OPTIONS = {
         "n_push": Option(int, 1, at_least(1), "steps between pushes"),
         "n_fetch": Option(int, 1, at_least(1), "steps between fetches"),

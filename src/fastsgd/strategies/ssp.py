@@ -19,18 +19,21 @@ from typing import Any
 
 import torch
 
+from fastsgd.compress.base import KINDS
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
-from fastsgd.config.options import Configurable, Option, at_least
-from fastsgd.strategies.base import Context
+from fastsgd.config.options import Option, at_least
+from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment
 from fastsgd.transport.base import Done, Handle
 
 Params = list[torch.nn.Parameter]
 
 
-class StaleSynchronous(Configurable, section="strategy"):
+class StaleSynchronous(StrategyBase):
     name = "ssp"
-    DRAINS_AT_END = True  # applies every all-reduce still in flight (ctx.last_step)
+    # drains: applies every all-reduce still in flight (ctx.last_step)
+    capabilities = Capabilities(codec_kinds=KINDS, drains_at_end=True)
     OPTIONS = {"staleness": Option(int, 2, at_least(0), "steps a peer's gradient may lag"),
                "adapt_optimizer": ADAPT_OPTION}
 

@@ -16,8 +16,9 @@ import torch
 
 from fastsgd.compress.collectives import decode_buffer
 from fastsgd.compress.wire import pack
-from fastsgd.config.options import Configurable, Option, at_least
-from fastsgd.strategies.base import Context
+from fastsgd.config.options import Option, at_least
+from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.strategies.staleness import ADAPT_OPTION, Adjustment
 from fastsgd.transport.base import PeerLost
@@ -25,12 +26,13 @@ from fastsgd.transport.base import PeerLost
 Params = list[torch.nn.Parameter]
 
 
-class Tournament(Configurable, section="strategy"):
+class Tournament(StrategyBase):
     name = "ltfb"
-    CODEC_KINDS = ("exact", "quantize", "sparse")
-    CARRIES_ON = CODEC_KINDS  # a lost partner's round is skipped
-    CARRIES_ON_REAL = True  # also on real processes: no collective while training
-    REJOINS = ("exact",)  # a new worker may take a lost one's place (run.rejoin): donate
+    capabilities = Capabilities(
+        codec_kinds=("exact", "quantize", "sparse"),
+        carries_on=("exact", "quantize", "sparse"),  # a lost partner's round is skipped
+        carries_on_real=True,  # also on real processes: no collective while training
+        rejoins=("exact",))  # a new worker may take a lost one's place (run.rejoin): donate
     OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds"),
                "adapt_optimizer": ADAPT_OPTION}
 

@@ -121,7 +121,7 @@ def drain(job: TinyJob) -> None:
     if any(left):
         raise fail(job, "drain", f"{max(left)} message(s) still in flight after every worker's "
                    "last step; take in what is still coming on the last step (ctx.last_step) "
-                   "and set DRAINS_AT_END")
+                   "and declare capabilities.drains_at_end")
 
 
 def real_equals_simulated(job: TinyJob, tolerance: float) -> None:

@@ -5,34 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fastsgd.strategies import capabilities_of
 from fastsgd.testing import checks
 from fastsgd.testing.codec import codec_contract
 from fastsgd.testing.tiny import Subject, TinyJob, folder, subject
 
 
-def _flag(strategy: Any, name: str, default: bool) -> bool:
-    """A declared capability: `capabilities.<name>` where the class has a Capabilities
-    value, else its class attribute (CHECKPOINTS, REAL_ONLY), else the default."""
-    capabilities = getattr(strategy, "capabilities", None)
-    if capabilities is not None and hasattr(capabilities, name.lower()):
-        return bool(getattr(capabilities, name.lower()))
-    return bool(getattr(strategy, name, default))
-
-
 def _run(strategy: Subject, codec: Subject, real: bool, workers: int, steps: int,
          tolerance: float, out: str | Path | None) -> list[str]:
     """Every check that applies; the names of those that ran."""
-    probe = strategy.make()
+    capabilities = capabilities_of(strategy.make())
     ran = []
     with folder(out) as place:
         job = TinyJob(strategy, codec, workers, steps, place)
-        if _flag(probe, "REAL_ONLY", False):  # no simulator: it must at least end cleanly
+        if capabilities.real_only:  # no simulator: it must at least end cleanly
             checks.ends_cleanly(job, job.real("real").run_dir)
             return ["ends cleanly (real processes)"]
         checks.determinism(job)
         checks.ends_cleanly(job, place / "determinism-a")
         ran.append("determinism")
-        if _flag(probe, "CHECKPOINTS", True):
+        if capabilities.checkpoints:
             checks.resume(job)
             ran.append("resume")
         checks.drain(job)
@@ -51,11 +43,12 @@ def check_strategy(strategy: str | type, codec: str | type = "none", *, real: bo
     `strategy`: a built-in name, `module:Class`, or the class; `options` are its options
     (e.g. `fraction=0.1`), checked against its OPTIONS. The checks: two simulated runs give
     the same bits (determinism); a run resumed from its checkpoint halfway ends bitwise as
-    the run that never stopped (resume; not for a class with CHECKPOINTS = False); every
+    the run that never stopped (resume; not where capabilities.checkpoints is False); every
     worker does every step and nothing is left in flight at the end (drain); with
     `real=True`, real processes end within `tolerance` of the simulator (for strategies whose
     arithmetic does not depend on timing). A failure raises AssertionError in one line
-    naming the class and the property. Runs go to `out`, else to a temporary folder.
+    naming the class and the property. Runs go to `out`, else to a temporary folder; a
+    class that breaks the contract (fastsgd.StrategyBase) raises ConfigError first.
     """
     return _run(subject("strategy", strategy, options), subject("codec", codec, {}), real,
                 workers, steps, tolerance, out)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from fastsgd.errors import WorkerFailed
 
 
 @dataclass
@@ -28,6 +31,32 @@ class Collective:
     ranks: set[int] = field(default_factory=set)  # who has arrived: who takes part
     started: bool = False  # every survivor is in: it runs, and ends at `end`
     start: int = 0  # when it runs (ns), once started
+    first: tuple[int, torch.dtype, tuple[int, ...]] | None = None  # who came first, with what
+
+
+def check_alike(op: Collective, seq: int, rank: int, combine: str | int,
+                tensor: torch.Tensor, step: int | None = None) -> None:
+    """Every worker brings the same collective (kind, dtype, shape) as the first that came;
+    else worker `rank` fails (in `step`, from 1), naming both: a strategy whose collectives
+    differ between workers (on gloo, the process that receives more than it expects
+    aborts; one that receives less waits)."""
+    brought = (tensor.dtype, tuple(tensor.shape))
+    if op.first is None:
+        op.first = (rank, *brought)
+        return
+    first, *before = op.first
+    if (combine, *brought) != (op.combine, *before):
+        stack = "".join(traceback.format_stack()[:-1])[-3000:]  # where the worker called it
+        raise WorkerFailed(f"worker {rank} failed: collective {seq} differs between workers: "
+                           f"worker {first} brought {_told(op.combine, *before)}, worker "
+                           f"{rank} {_told(combine, *brought)}\nits stack (most recent call "
+                           f"last):\n{stack}", rank=rank, step=step)
+
+
+def _told(combine: str | int, dtype: torch.dtype, shape: tuple[int, ...]) -> str:
+    kind = ("an all-reduce" if combine == "sum" else "an all-gather" if combine == "gather"
+            else f"a broadcast from worker {combine}")
+    return f"{kind} of {str(dtype).removeprefix('torch.')} {list(shape)}"
 
 
 def fold(op: Collective, rank: int, tensor: torch.Tensor, given: bool = False) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from fastsgd.transport.base import nbytes
 from fastsgd.transport.frames import frame_bytes
-from fastsgd.transport.sim.collective import Collective, finish_sum, fold
+from fastsgd.transport.sim.collective import Collective, check_alike, finish_sum, fold
 from fastsgd.transport.sim.compute import ComputeModel, to_ns
 from fastsgd.transport.sim.faults import Faults, Membership
 from fastsgd.transport.sim.lanes import Lanes
@@ -60,6 +60,7 @@ class SimFabric:
         op = self.collectives.get(seq)
         if op is None:
             op = self.collectives[seq] = Collective(combine, duration)
+        check_alike(op, seq, rank, combine, tensor, self.progress[rank] + 1)
         fold(op, rank, tensor.detach(), given)
         op.ranks.add(rank)
         op.arrival = max(op.arrival, self.scheduler.now(rank))

@@ -51,6 +51,19 @@ class Crash:
         return now_ns >= self.at_ns
 
 
+@dataclass(frozen=True)
+class Survival:
+    """What the run's strategy and codec survive, as the caller reads them from the
+    strategy's capabilities (launch/simulate.py: transport/ knows no strategy)."""
+
+    strategy: str  # the strategy's name, for messages
+    codec: str  # the codec's name
+    kind: str  # the codec's kind
+    carries_on: tuple[str, ...] = ()  # codec kinds with which the survivors go on
+    rejoins: tuple[str, ...] = ()  # codec kinds with which a new worker takes a lost one's place
+    held: int = 0  # ranks 0..held-1 hold what no other rank has (ps's servers): none may crash
+
+
 @dataclass
 class Faults:
     crashes: dict[int, list[Crash]] = field(default_factory=dict)  # rank -> one per process
@@ -108,26 +121,25 @@ class Faults:
         """Some worker crashes (outages alone lose nobody)."""
         return bool(self.crashes)
 
-    def check_run(self, strategy: object, codec: object, config: dict) -> None:
+    def check_run(self, survival: Survival, config: dict) -> None:
         """Refuse, in one line, what cannot carry on after a crash yet."""
-        name, kind = getattr(strategy, "name", "?"), getattr(codec, "kind", "exact")
-        if self.restart_ns is not None and kind not in getattr(strategy, "REJOINS", ()):
+        name, kind = survival.strategy, survival.kind
+        if self.restart_ns is not None and kind not in survival.rejoins:
             raise ConfigError(f"run.rejoin = true: strategy.name = '{name}' with "
-                              f"compression.name = '{codec.name}' does not take a new worker "
-                              "in a lost one's place (sgp and adpsgd do, also with a lossy "
-                              "codec; dpsgd, ps and ltfb with an exact one)")
+                              f"compression.name = '{survival.codec}' does not take a new "
+                              "worker in a lost one's place (sgp and adpsgd do, also with a "
+                              "lossy codec; dpsgd, ps and ltfb with an exact one)")
         if not self.crashing:
             return
-        kinds = getattr(strategy, "CARRIES_ON", ())
-        if kind not in kinds:
-            what = "" if not kinds else f" with compression.name = '{codec.name}'"
+        if kind not in survival.carries_on:
+            what = "" if not survival.carries_on else (
+                f" with compression.name = '{survival.codec}'")
             raise ConfigError(f"faults.crash: strategy.name = '{name}'{what} does not carry "
                               "on without a lost worker yet (docs/simulator.md, \"Faults\")")
-        first = sorted(self.crashes)[0]
-        servers = getattr(strategy, "servers", 0) if name == "ps" else 0
-        if first < servers:
+        first, held = sorted(self.crashes)[0], survival.held
+        if first < held:
             raise ConfigError(f"faults.crash: worker {first} holds a parameter server shard "
-                              f"(strategy.servers = {servers}); crash a worker >= {servers}")
+                              f"(strategy.servers = {held}); crash a worker >= {held}")
         if config["run"]["checkpoint_every"]:
             raise ConfigError("faults.crash: runs with crashes cannot be checkpointed yet; "
                               "set run.checkpoint_every = 0")
