@@ -38,6 +38,10 @@ class Stacks:
             file = self._files[int(os.environ["RANK"])]
             os.ftruncate(file.fileno(), 0)
             os.lseek(file.fileno(), 0, os.SEEK_SET)
+            # enable() alone installs no handler where faulthandler was on already (pytest's,
+            # or an embedding program's) and a library has since put its own handler in
+            # place: the worker then died with no stack (seen in CI). Off first, then on.
+            faulthandler.disable()
             faulthandler.enable(file=file, all_threads=True)
             return fn()
         return run
