@@ -28,7 +28,7 @@ def test_type_errors_show_the_given_value(kind, value, shown):
 
 
 def test_range_errors_show_the_given_value():
-    with pytest.raises(ConfigError, match=r"run.epochs must be > 0, got -2$"):
+    with pytest.raises(ConfigError, match=r"run.epochs must be >= 0, got -2$"):
         cfg.load(CHOICES, None, ["run.epochs=-2"])
 
 

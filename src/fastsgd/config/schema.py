@@ -65,6 +65,12 @@ def _time(doc: str, default: str = "") -> Option:
     return Option(str, default, time_check, doc)
 
 
+def _betas(v: list) -> str | None:
+    ok = len(v) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                             and 0 <= b < 1 for b in v)
+    return None if ok else "must be two numbers in [0, 1), e.g. [0.9, 0.95]"
+
+
 def _seed_or_run(v: int) -> str | None:
     return None if v == -1 or SEEDS(v) is None else "must be -1 (run.seed) or 0 to 2**63 - 1"
 
@@ -75,8 +81,16 @@ def _profiled(values: dict) -> str | None:
 
 
 def _optimizer_name(name: str) -> str | None:
-    return None if name in ("sgd", "adam") or is_import_path(name) else \
-        "must be sgd, adam or an import path module:Class"
+    return None if name in OPTIMIZERS or is_import_path(name) else \
+        "must be sgd, adam, adamw or an import path module:Class"
+
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "linear", "cosine", "step")
+PRECISIONS = ("fp32", "bf16", "fp16")
+# the [optimizer] keys that fastsgd applies around any optimizer, its own or an imported
+# class's (whose other keys are its keyword arguments): the schedule and clipping
+KIT_KEYS = ("schedule", "warmup", "min_lr", "decay_every", "decay_factor", "clip_norm")
 
 
 # The defaults are the demo: LeNet on Fashion-MNIST, 4 workers, synchronous all-reduce,
@@ -85,11 +99,18 @@ SCHEMA: dict[str, dict[str, Option]] = {
     "run": {
         "workers": Option(int, 4, at_least(1), "number of workers"),
         "steps": Option(int, 0, at_least(0), "training steps; 0 = use epochs"),
-        "epochs": Option(float, 8.0, positive, "epochs over the training set (if steps = 0)"),
+        "epochs": Option(float, 0.0, at_least(0), "epochs over the training set (if steps = "
+                         "0); 0: the dataset's own (8 for images, 1000 steps of text)"),
         "seed": Option(int, 0, SEEDS, "seed of model init and data order, 0 to 2**63 - 1"),
         "out": Option(str, "", doc="run directory; empty = runs/<strategy>-<time>"),
         "eval_every": Option(int, 500, at_least(0), "evaluate every N steps; 0 = at the end"),
         "target_accuracy": Option(float, 0.88, between(0, 1), "for time_to_target; 0 = none"),
+        "target_loss": Option(float, 0.0, at_least(0), "validation loss for time_to_target "
+                              "(language models); 0 = none; set, it is the run's target"),
+        "accumulate": Option(int, 1, at_least(1), "micro-batches of data.batch_size per "
+                             "optimizer step; the workers exchange once per step"),
+        "precision": Option(str, "fp32", one_of(PRECISIONS), "forward and backward: fp32 | "
+                            "bf16 (autocast, fp32 master weights) | fp16 (CUDA, scaled)"),
         "log_every": Option(int, 1, at_least(1), "write metrics.jsonl every N steps"),
         "tensorboard": Option(bool, True, doc="keep a TensorBoard event file in the run "
                               "directory, live (tensorboard --logdir runs)"),
@@ -117,12 +138,23 @@ SCHEMA: dict[str, dict[str, Option]] = {
                                 "NaN or inf loss or gradient before the run stops"),
     },
     "data": {
-        "name": Option(str, "fashion_mnist", doc="fashion_mnist | idx | digits | synthetic"),
-        "path": Option(str, "", doc="folder of IDX files (fashion_mnist, idx)"),
+        "name": Option(str, "fashion_mnist", doc="fashion_mnist | idx | digits | synthetic | "
+                       "text (bytes of UTF-8 files) | tokens (a file of token ids)"),
+        "path": Option(str, "", doc="folder of IDX files (fashion_mnist, idx); files or "
+                       "folders of text (text; default: Python's standard library); a "
+                       "token file or a folder with train.bin and val.bin (tokens)"),
+        "dtype": Option(str, "uint16", one_of(("uint16", "uint32")), "tokens: the ids' type"),
+        "vocab": Option(int, 0, at_least(0), "tokens: the vocabulary's size; 0: the "
+                        "largest id + 1 (text: 256, bytes)"),
         "batch_size": Option(int, 32, at_least(1), "per worker"),
     },
     "model": {
-        "name": Option(str, "lenet", doc="mlp | lenet | resnet20 | module:Name (no arguments)"),
+        "name": Option(str, "lenet", doc="mlp | lenet | resnet20 | gpt | module:Name (no "
+                       "arguments)"),
+        "layers": Option(int, 4, at_least(1), "gpt: transformer blocks"),
+        "heads": Option(int, 4, at_least(1), "gpt: attention heads (divide model.width)"),
+        "width": Option(int, 128, at_least(1), "gpt: embedding width"),
+        "context": Option(int, 128, at_least(1), "gpt: tokens a sequence holds"),
         "step": Option(str, "cross_entropy",
                        doc="loss of a batch: cross_entropy | model_loss (the model's own: JAX, "
                        "packed) | module:function(model, batch)"),
@@ -138,6 +170,18 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "momentum": Option(float, 0.9, between(0, 1)),
         "weight_decay": Option(float, 0.0, at_least(0)),
         "nesterov": Option(bool, False),
+        "betas": Option(list, [0.9, 0.999], _betas, "adam, adamw: (beta1, beta2)"),
+        "schedule": Option(str, "constant", one_of(SCHEDULES), "the learning rate over the "
+                           "steps, after warmup: constant | linear | cosine (to min_lr) | "
+                           "step (times decay_factor every decay_every steps)"),
+        "warmup": Option(int, 0, at_least(0), "steps of linear warmup from 0 to lr"),
+        "min_lr": Option(float, 0.0, at_least(0), "linear, cosine: the last step's lr"),
+        "decay_every": Option(int, 0, at_least(0), "step: steps between decays; 0: a third "
+                              "of the run"),
+        "decay_factor": Option(float, 0.1, between(0, 1), "step: what each decay multiplies "
+                               "the lr by"),
+        "clip_norm": Option(float, 0.0, at_least(0), "clip the gradient's global norm to "
+                            "this before each update; 0: off"),
     },
     "strategy": {"name": Option(str, "allreduce", doc="see fastsgd.strategies")},
     "compression": {"name": Option(str, "none", doc="see fastsgd.compress")},
@@ -263,8 +307,9 @@ def validate(raw: dict, choices: Choices) -> dict:
         values = raw.get(section, {})
         ignore = set(values) - set(schema) if section in OPEN_SECTIONS else ()
         if section == "optimizer" and is_import_path(values.get("name")):
-            ignore = set(values) - {"name"}  # the class's keyword arguments, checked by it
-            schema = {"name": schema["name"]}
+            # the class's keyword arguments, checked by it; the schedule and clipping, here
+            ignore = set(values) - {"name", *KIT_KEYS}
+            schema = {k: schema[k] for k in ("name", *KIT_KEYS)}
         config[section] = validate_section(section, values, schema, ignore)
     for section in OPEN_SECTIONS:
         config[section] = choices[section].validate(config[section])

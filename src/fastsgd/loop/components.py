@@ -25,6 +25,7 @@ from fastsgd.config.objects import (
     with_article,
 )
 from fastsgd.config.options import Configurable, Registry
+from fastsgd.config.schema import KIT_KEYS
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks.base import model_loss_step
 from fastsgd.loop.plan import cross_entropy_step, evaluate_classifier
@@ -287,7 +288,7 @@ def _imported_optimizer(section: dict[str, Any], make: Callable[..., Any],
         raise ConfigError(f"optimizer.name = '{name}' names a class that is not a "
                           f"torch.optim.Optimizer; it must name {WANTED['optimizer.name'][0]}")
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()
-              if k != "name"}
+              if k != "name" and k not in KIT_KEYS}
     try:
         optimizer = make(params, **kwargs)
     except (TypeError, ValueError) as e:  # an option it does not take, or a bad value

@@ -25,6 +25,7 @@ from fastsgd.strategies import Strategy
 from fastsgd.workloads.data import Dataset, Shard, test_batches
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+DEFAULT_EPOCHS = 8.0  # run.epochs = 0, for a dataset without default_steps
 StepFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
 EvalFn = Callable[[torch.nn.Module, Dataset, torch.device], tuple[float, float]]
 
@@ -177,13 +178,17 @@ class Plan:
         run = self.config["run"]
         if run["steps"]:
             return run["steps"]
-        return max(1, math.ceil(run["epochs"] * self.shard(0, world_size).steps_per_epoch))
+        if not run["epochs"] and self.dataset.default_steps:
+            return self.dataset.default_steps
+        epochs = run["epochs"] or DEFAULT_EPOCHS
+        return max(1, math.ceil(epochs * self.shard(0, world_size).steps_per_epoch))
 
     def shard(self, rank: int, world_size: int) -> Shard:
-        """Worker `rank`'s slice of every global batch."""
-        ds = self.dataset
-        return Shard(ds.train_x, ds.train_y, self.config["data"]["batch_size"], rank,
-                     world_size, self.config["run"]["seed"])
+        """Worker `rank`'s slice of every global batch: run.accumulate micro-batches of
+        data.batch_size each."""
+        ds, config = self.dataset, self.config
+        batch = config["data"]["batch_size"] * config["run"]["accumulate"]
+        return Shard(ds.train_x, ds.train_y, batch, rank, world_size, config["run"]["seed"])
 
     def score(self, model: torch.nn.Module, device: torch.device,
               rank: int | None = None) -> float:

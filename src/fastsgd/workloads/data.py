@@ -37,6 +37,10 @@ class Dataset:
     num_classes: int
     # (name, path, seed) when made by load_dataset: how a run's config.toml can rebuild it
     source: tuple[str, str, int] | None = field(default=None, compare=False)
+    # "images" (x: (N, C, H, W) floats), "text" (x: windows of bytes, vocabulary 256) or
+    # "tokens" (x: windows of token ids): what the default model, step and evaluation take
+    kind: str = field(default="images", compare=False)
+    default_steps: int = field(default=0, compare=False)  # run.epochs = 0: this many, if set
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
