@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ from fastsgd.loop.components import (
     optimizer_from_config,
     record,
 )
+from fastsgd.loop.language import for_data, gpt_factory
 from fastsgd.loop.plan import EvalFn, Plan, StepFn, evaluate_classifier
 from fastsgd.loop.results import Result, result_of
 from fastsgd.pack import PACKED, PackedFactory
@@ -213,9 +215,12 @@ class Job:
                               "run.checkpoint_every = 0")
         make_model = self._model_factory(config, dataset)
         run_dir = self._run_dir(config, transport)
+        if dataset.about and (transport is None or transport.rank == 0):
+            (run_dir / "data.json").write_text(json.dumps(dataset.about, indent=1) + "\n")
         config = cfg.merged(config, CHOICES, run={"out": str(run_dir)})
         return Plan(config=config, run_dir=run_dir, dataset=dataset, make_model=make_model,
-                    make_optimizer=self._optimizer, step=self._step, evaluate=self._evaluate,
+                    make_optimizer=self._optimizer, step=for_data(self._step, dataset),
+                    evaluate=for_data(self._evaluate, dataset),
                     strategy=strategy, compressor=codec, simulated=simulated,
                     progress=not self.quiet, resume=self.resume,
                     fresh_if_none=self._fresh_if_none)
@@ -240,7 +245,9 @@ class Job:
         data = config["data"]
         if is_import_path(data["name"]):
             resolve(data["name"], "data.name")  # says why it cannot be rebuilt
-        return load_dataset(data["name"], data["path"] or None, config["run"]["seed"])
+        return load_dataset(data["name"], data["path"] or None, config["run"]["seed"],
+                            context=config["model"]["context"], dtype=data["dtype"],
+                            vocab=data["vocab"])
 
     def _model_factory(self, config: dict, dataset: Dataset) -> Callable[[], torch.nn.Module]:
         check = getattr(self._model, "check_data", None)  # a packed or a JAX model's
@@ -249,6 +256,8 @@ class Job:
         if self._model is not None:
             return self._model
         name = config["model"]["name"]
+        if name == "gpt" or dataset.kind != "images":
+            return gpt_factory(config["model"], dataset)
         build_model(name, dataset.input_shape, dataset.num_classes)  # fail early on a bad name
         return lambda: build_model(name, dataset.input_shape, dataset.num_classes)
 

@@ -100,7 +100,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "workers": Option(int, 4, at_least(1), "number of workers"),
         "steps": Option(int, 0, at_least(0), "training steps; 0 = use epochs"),
         "epochs": Option(float, 0.0, at_least(0), "epochs over the training set (if steps = "
-                         "0); 0: the dataset's own (8 for images, 1000 steps of text)"),
+                         "0); 0: the dataset's own (8 for images, 600 steps of text)"),
         "seed": Option(int, 0, SEEDS, "seed of model init and data order, 0 to 2**63 - 1"),
         "out": Option(str, "", doc="run directory; empty = runs/<strategy>-<time>"),
         "eval_every": Option(int, 500, at_least(0), "evaluate every N steps; 0 = at the end"),

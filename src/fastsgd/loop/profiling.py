@@ -64,7 +64,7 @@ def fingerprint(plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {f"model.{k}": config["model"][k] for k in ("name", "step", "packed")}
     out.update({"data.name": config["data"]["name"],
                 "data.batch_size": config["data"]["batch_size"],
-                "input_shape": list(plan.dataset.input_shape),
+                "input_shape": list(plan.dataset.train_x.shape[1:]),
                 "parameters": sum(p.numel() for p in params),
                 "dtype": ",".join(sorted({str(p.dtype).removeprefix("torch.") for p in params}))})
     for section in ("optimizer", "compression"):

@@ -17,8 +17,16 @@ from torch import Tensor
 from fastsgd.config.objects import is_import_path, resolve
 from fastsgd.errors import UserError
 from fastsgd.workloads.idx import load_idx_folder
+from fastsgd.workloads.text import (
+    BYTES,
+    DEFAULT_STEPS,
+    load_text,
+    load_tokens,
+    validation_windows,
+    windows,
+)
 
-DATASETS = ("digits", "fashion_mnist", "idx", "synthetic")
+DATASETS = ("digits", "fashion_mnist", "idx", "synthetic", "text", "tokens")
 SEEDED_DATASETS = ("digits", "synthetic")  # their split or content depends on the seed
 FASHION_MNIST_PATH = "/usr/share/datasets/fashion-mnist"
 
@@ -41,6 +49,7 @@ class Dataset:
     # "tokens" (x: windows of token ids): what the default model, step and evaluation take
     kind: str = field(default="images", compare=False)
     default_steps: int = field(default=0, compare=False)  # run.epochs = 0: this many, if set
+    about: dict = field(default_factory=dict, compare=False)  # data.json: the corpus
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
@@ -201,10 +210,29 @@ def _load_synthetic(seed: int, n_train: int = 2048, n_test: int = 512) -> Datase
     return _make_dataset("synthetic", (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:]))
 
 
-def load_dataset(name: str, path: str | None = None, seed: int = 0) -> Dataset:
-    """Load dataset `name` (one of DATASETS); `path` is the IDX folder where relevant."""
+def _language(name: str, path: str | None, context: int, dtype: str, vocab: int) -> Dataset:
+    """Text (bytes) or token ids as windows of context + 1 tokens (text.py); y unused."""
+    if name == "text":
+        train, val, about = load_text(path, context)
+        vocab = BYTES
+    else:
+        train, val, about = load_tokens(path, dtype, vocab)
+        vocab = about["vocab"]
+    train_x = windows(train, context, f"training split of {about['corpus']}")
+    test_x = validation_windows(val, context)
+    return Dataset(name, train_x, torch.zeros(len(train_x), dtype=torch.uint8), test_x,
+                   torch.zeros(len(test_x), dtype=torch.uint8), vocab, kind=name,
+                   default_steps=DEFAULT_STEPS, about=about)
+
+
+def load_dataset(name: str, path: str | None = None, seed: int = 0, *, context: int = 128,
+                 dtype: str = "uint16", vocab: int = 0) -> Dataset:
+    """Load dataset `name` (one of DATASETS); `path` is the IDX folder, the text or the
+    token file where relevant; `context`, `dtype` and `vocab` are language models'."""
     loaders = {"fashion_mnist": lambda: _load_fashion_mnist(path), "idx": lambda: _load_idx(path),
-               "digits": lambda: _load_digits(seed), "synthetic": lambda: _load_synthetic(seed)}
+               "digits": lambda: _load_digits(seed), "synthetic": lambda: _load_synthetic(seed),
+               "text": lambda: _language("text", path, context, dtype, vocab),
+               "tokens": lambda: _language("tokens", path, context, dtype, vocab)}
     if name in loaders:
         return replace(loaders[name](), source=(name, path or "", seed))
     if is_import_path(name):  # a user's `module:Name`, called with no arguments

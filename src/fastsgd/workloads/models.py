@@ -143,7 +143,8 @@ def _check_shape(input_shape: tuple[int, int, int], num_classes: int) -> None:
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Build model `name` (one of MODELS) for inputs of shape (C, H, W)."""
     if name not in MODELS:
-        raise UserError(f"unknown model {name!r} (model.name); choose one of: {', '.join(MODELS)}")
+        raise UserError(f"unknown model {name!r} (model.name); choose one of: "
+                        f"{', '.join(MODELS)}, gpt (text, tokens) or module:Name")
     _check_shape(input_shape, num_classes)
     shape = (int(input_shape[0]), int(input_shape[1]), int(input_shape[2]))
     if name == "mlp":

@@ -1,0 +1,87 @@
+"""The default iteration and evaluation of a language model (data.name = text | tokens):
+each window of context + 1 tokens gives the model its first context tokens and scores its
+logits against the next ones (cross-entropy per token, in nats)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fastsgd.errors import UserError
+from fastsgd.loop.plan import Batch, cross_entropy_step, evaluate_classifier, kept_modes
+from fastsgd.workloads.data import Dataset, test_batches
+from fastsgd.workloads.gpt import GPT, parameter_count
+
+EVAL_BATCH = 32  # windows per evaluation forward
+
+
+def next_token_step(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Mean cross-entropy of the next token over the batch's windows."""
+    ids = batch[0].long()
+    logits = model(ids[:, :-1])
+    _check_logits(logits, ids)
+    return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+@torch.no_grad()
+def evaluate_next_token(model: torch.nn.Module, dataset: Dataset,
+                        device: torch.device) -> tuple[float, float]:
+    """(next-token accuracy, mean cross-entropy per token) on the validation windows."""
+    correct, loss, count = 0, 0.0, 0
+    with kept_modes(model):
+        model.eval()
+        for x, _ in test_batches(dataset.test_x, dataset.test_y, EVAL_BATCH):
+            ids = x.to(device).long()
+            logits = model(ids[:, :-1])
+            _check_logits(logits, ids)
+            logits, targets = logits.flatten(0, 1).float(), ids[:, 1:].flatten()
+            correct += int((logits.argmax(1) == targets).sum())
+            loss += float(F.cross_entropy(logits, targets, reduction="sum"))
+            count += len(targets)
+    return correct / count, loss / count
+
+
+def _check_logits(logits: object, ids: torch.Tensor) -> None:
+    b, t = ids.shape[0], ids.shape[1] - 1
+    if not (isinstance(logits, torch.Tensor) and logits.ndim == 3
+            and tuple(logits.shape[:2]) == (b, t)):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise UserError(f"the default step of a language model needs a model returning "
+                        f"logits of shape (batch, tokens, vocabulary) = ({b}, {t}, V); this "
+                        f"one returned {got}: pass step=")
+
+
+def for_data(fn: Callable[..., Any], dataset: Dataset) -> Callable[..., Any]:
+    """The default step or evaluation for `dataset`: model.step = "cross_entropy" and
+    model.evaluate = "accuracy" score the next token on text and tokens, the class on
+    images; any other (the user's) as it is."""
+    if dataset.kind == "images":
+        return fn
+    return {cross_entropy_step: next_token_step,
+            evaluate_classifier: evaluate_next_token}.get(fn, fn)
+
+
+def gpt_factory(section: dict[str, Any], dataset: Dataset) -> Callable[[], torch.nn.Module]:
+    """model.name = "gpt" (gpt.py) sized by the [model] section, for `dataset`'s tokens;
+    built once here, so that a bad size fails in one line before any worker starts."""
+    name = section["name"]
+    if name != "gpt":
+        raise UserError(f"model.name = '{name}' takes images; data.name = '{dataset.name}' "
+                        "holds tokens: set model.name = 'gpt', or give a model of your own")
+    if dataset.kind == "images":
+        raise UserError(f"model.name = 'gpt' takes text or tokens (data.name); "
+                        f"'{dataset.name}' holds images")
+    sizes = {k: section[k] for k in ("context", "layers", "heads", "width")}
+
+    def make() -> torch.nn.Module:
+        return GPT(dataset.num_classes, **sizes)
+
+    with torch.random.fork_rng(devices=[]):  # the run's random draws stay as they were
+        made = make()
+    print(f"fastsgd: gpt, {parameter_count(made) / 1e6:.2f}M parameters ({sizes['layers']} "
+          f"layers, width {sizes['width']}, {sizes['heads']} heads, context "
+          f"{sizes['context']}, vocabulary {dataset.num_classes})", flush=True)
+    return make

@@ -1,0 +1,116 @@
+"""Language-model data (workloads/text.py) and the GPT (workloads/gpt.py)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import fastsgd
+from fastsgd.errors import UserError
+from fastsgd.workloads.data import Shard, load_dataset
+from fastsgd.workloads.gpt import GPT, parameter_count
+from fastsgd.workloads.text import VALIDATION_WINDOWS
+
+
+def _corpus(folder, files=6, size=3000):
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    words = ["def", "return", "self", "import", "class", "for", "in", "if", "(", ")", ":"]
+    for i in range(files):
+        text = " ".join(rng.choice(words, size // 4))
+        (folder / f"f{i}.py").write_text(text[:size] + "\n")
+    return folder
+
+
+def test_text_windows_overlap_by_one_token_and_split_by_file(tmp_path):
+    folder = _corpus(tmp_path / "c")
+    ds = load_dataset("text", str(folder), context=16)
+    assert (ds.kind, ds.num_classes, ds.train_x.shape[1]) == ("text", 256, 17)
+    assert torch.equal(ds.train_x[0, -1], ds.train_x[1, 0])  # each token a target once
+    about = ds.about
+    assert about["files"] == 6 and about["bytes"] == sum(
+        len(p.read_bytes()) for p in folder.iterdir())
+    assert about["train_tokens"] + about["validation_tokens"] == about["bytes"]
+    assert 0 < about["validation_tokens"] < about["bytes"]
+    again = load_dataset("text", str(folder), context=16)
+    assert again.about == about and torch.equal(again.test_x, ds.test_x)  # deterministic
+
+
+def test_the_default_corpus_is_the_standard_library():
+    ds = load_dataset("text", context=128)
+    assert ds.about["files"] > 500 and ds.about["bytes"] > 10_000_000
+    assert len(ds.test_x) == VALIDATION_WINDOWS
+
+
+def test_workers_share_the_global_batch_of_one_process(tmp_path):
+    ds = load_dataset("text", str(_corpus(tmp_path / "c")), context=8)
+    whole = Shard(ds.train_x, ds.train_y, 8, 0, 1, seed=3).batch(5)[0]
+    parts = [Shard(ds.train_x, ds.train_y, 2, r, 4, seed=3).batch(5)[0] for r in range(4)]
+    assert torch.equal(torch.cat(parts), whole)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("empty", r"holds no text"),
+    ("latin1", r"f\.py is not UTF-8 text \(byte 1\)"),
+    ("short", r"fewer than model\.context \+ 1 = 129"),
+    ("missing", r"no file or folder .*nowhere \(data\.path\)"),
+])
+def test_bad_text_is_one_line_naming_the_file_or_key(tmp_path, case, match):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    if case == "latin1":
+        (folder / "f.py").write_bytes(b"a" + "é".encode("latin-1"))
+    elif case == "short":
+        (folder / "f.py").write_text("x = 1\n" * 10)
+    elif case == "empty":
+        (folder / "f.py").write_text("")
+    path = str(tmp_path / "nowhere") if case == "missing" else str(folder)
+    with pytest.raises(UserError, match=match):
+        load_dataset("text", path, context=128)
+
+
+def test_token_files_of_nanogpts_layout(tmp_path):
+    (tmp_path / "d").mkdir()
+    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "d" / "train.bin")
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "d" / "val.bin")
+    ds = load_dataset("tokens", str(tmp_path / "d"), context=16)
+    assert (ds.num_classes, int(ds.train_x[1, 0]), ds.train_x.dtype) == (1000, 16, torch.int32)
+    with pytest.raises(UserError, match=r"holds token id 999, beyond the vocabulary of 500 "
+                                        r"\(data\.vocab\)"):
+        load_dataset("tokens", str(tmp_path / "d"), context=16, vocab=500)
+    np.arange(10, dtype=np.uint32).tofile(tmp_path / "one.bin")
+    with pytest.raises(UserError, match=r"fewer than model\.context \+ 1 = 17"):
+        load_dataset("tokens", str(tmp_path / "one.bin"), context=16, dtype="uint32")
+    (tmp_path / "odd.bin").write_bytes(b"abc")
+    with pytest.raises(UserError, match=r"odd\.bin is 3 bytes, not a whole number of uint16"):
+        load_dataset("tokens", str(tmp_path / "odd.bin"))
+
+
+def test_gpt_ties_its_output_to_the_embedding_and_is_causal():
+    torch.manual_seed(0)
+    model = GPT(256, context=16, layers=2, heads=2, width=32)
+    assert model.head.weight is model.tokens.weight
+    ids = torch.randint(0, 256, (2, 16))
+    changed = ids.clone()
+    changed[:, 10:] = 0
+    a, b = model(ids), model(changed)
+    assert torch.allclose(a[:, :10], b[:, :10], atol=1e-6)  # no token sees the future
+    assert parameter_count(model) == sum(p.numel() for p in set(model.parameters()))
+    with pytest.raises(UserError, match=r"model\.heads = 3 does not divide model\.width = 32"):
+        GPT(256, heads=3, width=32)
+
+
+@pytest.mark.multiproc
+def test_the_gpt_learns_bytes_on_four_workers(tmp_path, capsys):
+    job = fastsgd.Job(quiet=True, options={
+        "model.name": "gpt", "data.name": "text", "data.path": str(_corpus(tmp_path / "c")),
+        "model.context": 32, "model.layers": 1, "model.width": 32, "model.heads": 2,
+        "optimizer.name": "adamw", "optimizer.lr": 3e-3, "run.steps": 40,
+        "run.eval_every": 20, "run.workers": 4, "data.batch_size": 8,
+        "run.out": str(tmp_path / "run")})
+    result = job.run()
+    assert "0.02M parameters" in capsys.readouterr().out
+    evals = [json.loads(line) for line in (result.run_dir / "eval.jsonl").open()]
+    assert evals[-1]["loss"] / np.log(2) < 6  # bits per byte; uniform bytes: 8
+    assert json.loads((result.run_dir / "data.json").read_text())["files"] == 6
