@@ -44,6 +44,7 @@ from fastsgd.transport.sim.compute import heterogeneity
 from fastsgd.transport.torch_dist import TorchTransport
 from fastsgd.workloads.data import Dataset, Shard, load_dataset
 from fastsgd.workloads.models import build_model
+from fastsgd.workloads.torch_data import from_torch, is_torch_dataset
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
 ARCHIVE_SUFFIX = ".fsj"  # a job archive (fastsgd pack) in place of a config file
@@ -58,7 +59,7 @@ class Job:
     `overwrite` is set (see rundir.py)."""
 
     def __init__(self, model: ModelArg | None = None, optimizer: OptimizerFn | None = None,
-                 step: StepFn | None = None, data: str | Dataset | None = None,
+                 step: StepFn | None = None, data: str | Dataset | Any = None,
                  strategy: str | Strategy | None = None,
                  compressor: str | Compressor | None = None, evaluate: EvalFn | None = None,
                  config: str | Path | dict | None = None, options: dict[str, Any] | None = None,
@@ -82,6 +83,11 @@ class Job:
         chosen = {f"{s}.name": a for s, a in (("strategy", strategy), ("compression", compressor))
                   if isinstance(a, str)}  # a name given here picks a strategy as options do
         raw = cfg.with_options(raw, {**(options or {}), **chosen}, CHOICES, source)
+        if is_torch_dataset(data):
+            data = from_torch(data)
+        elif not isinstance(data, str | Dataset | None):  # never the default in its place
+            raise UserError(f"data must be a dataset's name, a fastsgd.data.Dataset or a "
+                            f"torch dataset (map-style or iterable); got {described(data)}")
         given = {"model": model, "step": step, "evaluate": evaluate, "optimizer": optimizer,
                  "data": data, "strategy": strategy, "compressor": compressor}
         run = raw.get("run")

@@ -114,3 +114,24 @@ def test_the_gpt_learns_bytes_on_four_workers(tmp_path, capsys):
     evals = [json.loads(line) for line in (result.run_dir / "eval.jsonl").open()]
     assert evals[-1]["loss"] / np.log(2) < 6  # bits per byte; uniform bytes: 8
     assert json.loads((result.run_dir / "data.json").read_text())["files"] == 6
+
+
+class _Windows(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        text = torch.tensor(list(b"def f(x):\n    return x + 1\n" * 200))
+        return iter(text[i:i + 17] for i in range(0, len(text) - 17, 16))
+
+
+def test_a_torch_dataset_is_read_whole_and_never_replaced_by_the_default(tmp_path):
+    pairs = torch.utils.data.TensorDataset(torch.randn(40, 1, 8, 8), torch.arange(40) % 3)
+    job = fastsgd.Job(data=pairs, model="mlp", quiet=True,
+                      options={"run.steps": 2, "run.workers": 1, "run.out": str(tmp_path / "a")})
+    summary = job.simulate().summary
+    assert summary["steps"] == 2
+    held = fastsgd.Job(data=_Windows(), model="gpt", quiet=True, options={
+        "model.context": 16, "model.layers": 1, "model.width": 16, "model.heads": 2,
+        "run.steps": 3, "run.workers": 2, "data.batch_size": 4, "run.out": str(tmp_path / "b")})
+    assert held.simulate().summary["steps"] == 3
+    with pytest.raises(UserError, match=r"^data must be a dataset's name, a fastsgd\.data\."
+                                        r"Dataset or a torch dataset .*; got a list"):
+        fastsgd.Job(data=[1, 2, 3])
