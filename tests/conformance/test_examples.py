@@ -70,7 +70,7 @@ def test_an_example_runs_as_module_class_and_is_recorded(case, command, tmp_path
     # the header, then loss, bytes sent and received and staleness per rank and step, and
     # accuracy, its loss and the consensus per evaluation
     assert len(events) == 1
-    assert _tensorboard_records(events[0]) == 1 + 4 * 2 * STEPS + 3 * (STEPS // 10)
+    assert _tensorboard_records(events[0]) == 1 + 4 * 2 * STEPS + 4 * (STEPS // 10)
 
 
 @pytest.mark.multiproc

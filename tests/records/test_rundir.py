@@ -45,7 +45,7 @@ def test_metrics_one_line_per_worker_per_step(run):
 def test_eval_and_summary(run):
     evals = run.evals()
     assert [e["step"] for e in evals] == [10, 20, 30, 40]
-    assert all(set(e) == {"step", "time", "accuracy", "loss", "consensus_distance"}
+    assert all(set(e) == {"step", "time", "accuracy", "loss", "perplexity", "consensus_distance"}
                for e in evals)
     s = json.loads((run.run_dir / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(s)

@@ -135,3 +135,28 @@ def test_a_torch_dataset_is_read_whole_and_never_replaced_by_the_default(tmp_pat
     with pytest.raises(UserError, match=r"^data must be a dataset's name, a fastsgd\.data\."
                                         r"Dataset or a torch dataset .*; got a list"):
         fastsgd.Job(data=[1, 2, 3])
+
+
+TINY_GPT = {"model.name": "gpt", "data.name": "text", "model.context": 16, "model.layers": 1,
+            "model.width": 16, "model.heads": 2, "run.steps": 8, "run.eval_every": 0,
+            "run.tensorboard": False, "optimizer.name": "adamw", "optimizer.lr": 0.01,
+            "optimizer.clip_norm": 0.5, "optimizer.schedule": "cosine",
+            "optimizer.warmup": 2, "run.accumulate": 2}
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("mode", ["run", "simulate"])
+def test_allreduce_on_the_gpt_equals_one_process_with_the_kit(mode, tmp_path):
+    """4 workers, clipping, accumulation 2 and warmup-cosine: one process with the global
+    batch (4 workers x 2 micro-batches x 2 windows) to 1e-5."""
+    path = str(_corpus(tmp_path / "c"))
+
+    def params(out, **options):
+        job = fastsgd.Job(quiet=True, options={**TINY_GPT, "data.path": path,
+                                               "run.out": str(tmp_path / out), **options})
+        result = job.run() if mode == "run" else job.simulate()
+        return torch.load(result.run_dir / "model.pt", weights_only=True)
+
+    four = params("four", **{"run.workers": 4, "data.batch_size": 2})
+    one = params("one", **{"run.workers": 1, "data.batch_size": 16, "run.accumulate": 1})
+    assert max(float((four[k] - one[k]).abs().max()) for k in one) < 1e-5

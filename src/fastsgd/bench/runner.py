@@ -1,8 +1,9 @@
 """`fastsgd bench SPEC.toml`: run a spec's cells on this machine, `jobs` at a time, each as
 its own `fastsgd run|simulate` process writing its run directory under BENCH_DIR/cells/,
-then report on them all (BENCH_DIR/report/). Cells already done are skipped, so a bench
-that stopped goes on where it was; a cell that fails is named, with its error, and the
-others go on."""
+then report on them all (BENCH_DIR/report/: each cell's time to its run's target,
+run.target_loss where set, else run.target_accuracy, scored over seeds as MLPerf does).
+Cells already done are skipped, so a bench that stopped goes on where it was; a cell that
+fails is named, with its error, and the others go on."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from fastsgd.control import interrupt
 from fastsgd.errors import ConfigError, Interrupted, WorkerFailed
 from fastsgd.launch.supervise import placed
 from fastsgd.loop.checked_step import StepChecks
-from fastsgd.loop.observe import EvalLog, Observer
+from fastsgd.loop.observe import EvalLog, Observer, target_of
 from fastsgd.loop.plan import Plan
 from fastsgd.loop.profiling import needs_profile, profiled
 from fastsgd.loop.worker import train
@@ -87,7 +87,7 @@ def simulate_plan(plan: Plan, net: Network, faults: Faults) -> None:
     plan.observer = Observer(n, plan.config["run"]["representative"],
                              lambda m: plan.evaluate(m, plan.dataset, torch.device("cpu")),
                              EvalLog(plan.run_dir / "eval.jsonl",
-                                     plan.config["run"]["target_accuracy"]))
+                                     target_of(plan.config["run"]), plan.dataset.kind))
     lanes, ahead = compute_lanes(plan, model)
     with interrupt.simulated(n) as stop:
         try:

@@ -12,9 +12,11 @@ import time
 import torch
 
 from fastsgd.loop.checked_step import StepChecks
-from fastsgd.loop.observe import EvalLog
+from fastsgd.loop.observe import EvalLog, target_of
 from fastsgd.loop.plan import Plan
+from fastsgd.loop.precision import Precision
 from fastsgd.loop.replica import Replica
+from fastsgd.loop.schedule import Schedule
 from fastsgd.loop.state import LoopState
 from fastsgd.records.metrics import JsonLines
 from fastsgd.records.progress import Progress
@@ -38,12 +40,18 @@ class LoopContext:
         self.checked_step = StepChecks(plan.step, self.weights, f"worker {self.rank}: ")
         self.shard = plan.shard(self.rank, self.world)
         self.steps = plan.total_steps(self.world)
+        # the practitioner's kit (worker.py): refused here, in one line, before any step
+        self.schedule = Schedule(plan.config["optimizer"], self.steps)
+        self.schedule.start(optimizer)  # after a strategy's adjustment of the rates
+        self.precision = Precision(plan.config["run"]["precision"], self.t.device)
+        self.accumulate = plan.config["run"]["accumulate"]
+        self.clip_norm = plan.config["optimizer"].get("clip_norm", 0.0)
         run = plan.config["run"]
         # in simulation, flushed by lines only: the file's order must not depend on wall time
         self.metrics = JsonLines(plan.run_dir / "metrics.jsonl",
                                  within=math.inf if plan.simulated else 1.0)
         self.log = plan.observer.log if plan.observer else EvalLog(
-            plan.run_dir / "eval.jsonl", run["target_accuracy"])
+            plan.run_dir / "eval.jsonl", target_of(run), plan.dataset.kind)
         self.spread = heterogeneity(plan.config["compute"], run["seed"])
         replica.ctx.score = lambda: plan.score(self.model, self.t.device, self.rank)
         self.progress = Progress(self.steps, enabled=plan.progress and self.rank == 0)

@@ -18,18 +18,55 @@ from pathlib import Path
 
 import torch
 
-from fastsgd.records.metrics import JsonLines, read_jsonl
+from fastsgd.records.metrics import JsonLines, loss_metrics, read_jsonl
 
 Evaluate = Callable[[torch.nn.Module], tuple[float, float]]  # -> (accuracy, loss)
 Score = Callable[[torch.nn.Module], float]
+METRICS = ("accuracy", "loss")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The run's target: an accuracy to reach (at or above) or a loss to get down to (at or
+    below); a value of 0 is none."""
+
+    metric: str = "accuracy"  # one of METRICS
+    value: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"a target's metric is 'accuracy' or 'loss', not {self.metric!r}")
+
+    def __bool__(self) -> bool:
+        return self.value > 0
+
+    def reached(self, accuracy: float, loss: float) -> bool:
+        """Does an evaluation of this accuracy and loss reach it? (a NaN loss never does)"""
+        if not self:
+            return False
+        return accuracy >= self.value if self.metric == "accuracy" else loss <= self.value
+
+    def described(self) -> dict[str, object] | None:
+        """summary.json's "target": {"metric": ..., "value": ...}, or None."""
+        return {"metric": self.metric, "value": self.value} if self else None
+
+
+def target_of(run: dict) -> Target:
+    """The [run] section's target: run.target_loss where set (> 0), else
+    run.target_accuracy (0: none)."""
+    if run.get("target_loss", 0.0) > 0:
+        return Target("loss", float(run["target_loss"]))
+    return Target("accuracy", float(run.get("target_accuracy", 0.0)))
 
 
 @dataclass
 class EvalLog:
-    """What the evaluations found (rank 0's, or the simulator's shared one)."""
+    """What the evaluations found (rank 0's, or the simulator's shared one). `kind` is the
+    dataset's ("text": each record also says the loss in bits per byte)."""
 
     path: object
-    target: float = 0.0
+    target: Target | float = field(default_factory=Target)  # a float: an accuracy
+    kind: str = "images"
     last: tuple[int, float, float, float] | None = None  # step, accuracy, loss, consensus
     model: tuple[int, torch.nn.Module | None] = (0, None)  # step, representative
     time_to_target: float | None = None  # on the run's clock
@@ -41,14 +78,17 @@ class EvalLog:
     writer: JsonLines = field(init=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.target, Target):
+            self.target = Target("accuracy", float(self.target))
         self.writer = JsonLines(self.path, flush_every=1)
 
     def record(self, step: int, when: float, model: torch.nn.Module, accuracy: float,
                loss: float, consensus: float, wall: float) -> None:
         self.last, self.model = (step, accuracy, loss, consensus), (step, model)
         self.writer.write({"step": step, "time": round(when, 9), "accuracy": accuracy,
-                           "loss": loss, "consensus_distance": consensus})
-        if self.target and accuracy >= self.target and self.time_to_target is None:
+                           "loss": loss, **loss_metrics(loss, self.kind),
+                           "consensus_distance": consensus})
+        if self.target.reached(accuracy, loss) and self.time_to_target is None:
             self.time_to_target, self.wall_to_target = round(when, 9), round(wall, 3)
 
     def state(self) -> list:
@@ -64,7 +104,7 @@ class EvalLog:
         lost, and this one evaluates from now on."""
         for row in read_jsonl(self.path) if Path(str(self.path)).exists() else []:
             self.last = (row["step"], row["accuracy"], row["loss"], row["consensus_distance"])
-            if self.target and row["accuracy"] >= self.target and self.time_to_target is None:
+            if self.target.reached(row["accuracy"], row["loss"]) and self.time_to_target is None:
                 self.time_to_target = row["time"]
 
 

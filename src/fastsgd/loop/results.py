@@ -14,7 +14,8 @@ import torch
 from fastsgd.control import interrupt
 from fastsgd.loop.context import LoopContext
 from fastsgd.loop.evaluate import evaluate
-from fastsgd.records.metrics import read_jsonl, write_json
+from fastsgd.loop.observe import METRICS, Target
+from fastsgd.records.metrics import loss_metrics, read_jsonl, write_json
 
 
 def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
@@ -92,7 +93,8 @@ def summary(ctx: LoopContext, wall_time: float, end: float, totals: list[float])
         "epochs": ctx.steps / ctx.shard.steps_per_epoch,
         "global_batch": ctx.world * cfg["data"]["batch_size"],
         "final_accuracy": number(last[1]), "final_loss": number(last[2]),
-        "target_accuracy": ctx.log.target or None, "time_to_target": ctx.log.time_to_target,
+        **final_loss_metrics(last[2], ctx.log.kind), "data_kind": ctx.log.kind,
+        **targets(ctx.log.target), "time_to_target": ctx.log.time_to_target,
         "wall_to_target": ctx.log.wall_to_target,
         # to the ns, as eval.jsonl's times are: unrounded, an evaluation at the end
         # could read a hair later than the run's end
@@ -108,6 +110,21 @@ def summary(ctx: LoopContext, wall_time: float, end: float, totals: list[float])
         "mode": "simulated" if ctx.plan.simulated else "real",
         "run_dir": str(ctx.plan.run_dir),
     }
+
+
+def targets(target: Target) -> dict[str, Any]:
+    """summary.json's target: which metric and value (null: none), and as target_accuracy
+    or target_loss (the other null), as runs before loss targets said it."""
+    return {"target": target.described(),
+            **{f"target_{m}": target.value if target and target.metric == m else None
+               for m in METRICS}}
+
+
+def final_loss_metrics(loss: float, kind: str) -> dict[str, float | None]:
+    """final_perplexity, and final_bits_per_byte (null but for byte-level text)."""
+    metrics = loss_metrics(loss, kind)
+    return {"final_perplexity": number(metrics["perplexity"]),
+            "final_bits_per_byte": number(metrics.get("bits_per_byte", math.nan))}
 
 
 def number(value: float) -> float | None:

@@ -4,7 +4,9 @@ The same loop runs in a real process (TorchTransport) and as a simulated worker
 (SimTransport); all its timings come from `transport.now()`, wall or virtual. Its state is
 a `LoopState` (state.py), its handles a `LoopContext` (context.py); the phases beside the
 steps are resume.py (start, checkpoints), evaluate.py, recovery.py (a worker lost),
-rejoin.py (a worker replaced) and results.py (the end).
+rejoin.py (a worker replaced) and results.py (the end). The practitioner's kit acts in the
+step: run.accumulate micro-batches and run.precision (precision.py) in forward_backward,
+the learning-rate schedule (schedule.py) and optimizer.clip_norm in update.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import torch
@@ -116,7 +119,7 @@ def step(ctx: LoopContext, k: int) -> float:
     resume.kill_if_asked(ctx.rank, k + 1, "gradients")  # fault tests (tests/faults)
     ctx.replica.sync_gradients()
     t5 = now()
-    t.offload(lambda charged: update(ctx, charged), lambda: stepped(ctx, k))
+    t.offload(lambda charged: update(ctx, k, charged), lambda: stepped(ctx, k))
     t6 = now()
     resume.kill_if_asked(ctx.rank, k + 1, "parameters")
     ctx.replica.sync_parameters()
@@ -144,22 +147,60 @@ def log_step(ctx: LoopContext, k: int, loss: float, when: float, timings: tuple[
 
 def forward_backward(ctx: LoopContext, x: torch.Tensor, y: torch.Tensor,
                      charged: Callable[[], None]) -> tuple[float, bool]:
-    """Forward, `charged()`, then backward unless the loss is not finite; the loss, and
-    whether it and the gradients are finite (read here: the simulator may run this on a
-    compute lane, transport.offload, and the gradients are still in its cache)."""
-    loss = ctx.checked_step(ctx.replica.forward_module, (x, y))
-    charged()
-    value = float(loss.detach())
-    if not math.isfinite(value):
-        return value, False
-    weight = ctx.state.weight
-    (loss * weight if weight != 1 else loss).backward()
+    """Forward and backward of each of the run.accumulate micro-batches, `charged()` after
+    the last forward; the batch's loss, and whether it and the gradients are finite (read
+    here: the simulator may run this on a compute lane, transport.offload, and the
+    gradients are still in its cache). A micro-batch whose loss is not finite ends it
+    there: the step is skipped (check_finite)."""
+    parts = min(ctx.accumulate, len(x))
+    micro = list(zip(x.tensor_split(parts), y.tensor_split(parts)))
+    total = 0.0
+    for i, batch in enumerate(micro):
+        last = i == parts - 1
+        with held(ctx, last):
+            with ctx.precision.autocast():  # the forward only: backward follows its ops
+                loss = ctx.checked_step(ctx.replica.forward_module, batch)
+            if last:
+                charged()
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                if not last:
+                    charged()
+                return value, False
+            # each micro-batch weighs its samples: the mean over the batch, as one backward
+            share = len(batch[0]) / len(x)
+            total += value * share
+            weight = ctx.state.weight * share
+            ctx.precision.backward(loss * weight if weight != 1 else loss)
     ctx.checked_step.backward_done()
-    return value, all_finite([p.grad.detach() for p in ctx.weights if p.grad is not None])
+    ctx.precision.unscale(ctx.optimizer)  # fp16: before the strategy sees the gradients
+    return total, all_finite([p.grad.detach() for p in ctx.weights if p.grad is not None])
 
 
-def update(ctx: LoopContext, charged: Callable[[], None]) -> None:
-    """The optimizer step, then `charged()` (transport.offload)."""
+def held(ctx: LoopContext, last: bool) -> AbstractContextManager[object]:
+    """Where a backward's gradients must not leave the worker yet: the micro-batches before
+    the last (allreduce's hooks and DDP's reducer would send each, as DDP's no_sync
+    avoids), and under fp16 the last too from the strategy's hooks, as its gradients are
+    still scaled (DDP's reducer may send them: every worker then unscales the same mean
+    with the same scale, so its scaler stays in step)."""
+    stack = ExitStack()
+    if not last or ctx.precision.holds_gradients:
+        no_sync = getattr(ctx.replica.strategy, "no_sync", None)
+        if callable(no_sync):
+            stack.enter_context(no_sync())
+    wrapper = ctx.replica.forward_module
+    if not last and wrapper is not ctx.model and callable(getattr(wrapper, "no_sync", None)):
+        stack.enter_context(wrapper.no_sync())
+    return stack
+
+
+def update(ctx: LoopContext, k: int, charged: Callable[[], None]) -> None:
+    """Step `k`'s learning rate (schedule.py), the gradient's clipping (the gradient the
+    strategy left: synchronous ones' mean, the others' own), the optimizer step, then
+    `charged()` (transport.offload)."""
+    ctx.schedule.apply(ctx.optimizer, k)
+    if ctx.clip_norm:
+        torch.nn.utils.clip_grad_norm_(ctx.weights, ctx.clip_norm, foreach=True)
     ctx.optimizer.step()
     # free the gradients now, not at the next step: 1 MB less per simulated MLP worker
     # while it waits for the others, and the next worker's backward takes the memory

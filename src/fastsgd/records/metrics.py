@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 PHASES = ("io", "h2d", "forward", "backward", "aggregation", "update")
+BYTES = "text"  # the dataset kind whose tokens are bytes: its loss reads as bits per byte
+
+
+def loss_metrics(loss: float, kind: str = "images") -> dict[str, float]:
+    """What an evaluation's loss (the mean cross-entropy in nats) also says: its perplexity,
+    exp(loss), and for byte-level text (dataset kind "text") its bits per byte, loss / ln 2.
+    A NaN loss gives NaNs; a loss too large for exp, an infinite perplexity."""
+    try:
+        perplexity = math.exp(loss)
+    except OverflowError:
+        perplexity = math.inf
+    out = {"perplexity": perplexity}
+    if kind == BYTES:
+        out["bits_per_byte"] = loss / math.log(2)
+    return out
 
 
 class JsonLines:

@@ -14,11 +14,11 @@ from fastsgd.errors import UserError
 from fastsgd.report import plots
 from fastsgd.report.runs import RunData
 from fastsgd.report.table import (
-    MARKDOWN,
     SEED_COLUMNS,
-    SEEDS_MARKDOWN,
+    markdown_columns,
     over_seeds,
     rows,
+    seed_columns,
     to_csv,
     to_markdown,
 )
@@ -28,6 +28,7 @@ WHY_NOT = {  # why a plot is missing
     "consensus.png": "every model stayed identical (consensus distance 0) or was not measured",
     "staleness.png": "every step used fresh gradients and models (staleness 0)",
 }
+ONLY_IF_DRAWN = ("loss_time.png",)  # for language models and loss targets: else no note
 
 STYLE = """body{font-family:sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #bbb;padding:3px 6px}
@@ -51,22 +52,25 @@ def write_report(runs: list[RunData], out: str | Path, title: str = "fastsgd rep
     markdown = f"# {title}\n\n{to_markdown(table)}"
     written = [_write(out / "report.csv", to_csv(table).encode())]
     if seeds:
-        markdown += f"\n## Over seeds\n\n{to_markdown(seeds, SEEDS_MARKDOWN)}"
+        markdown += f"\n## Over seeds\n\n{to_markdown(seeds, seed_columns(seeds))}"
         written.append(_write(out / "seeds.csv", to_csv(seeds, SEED_COLUMNS).encode()))
     written.append(_write(out / "report.md", markdown.encode()))
     images: list[tuple[str, str, bytes | None]] = []
     for name, caption, draw in plots.PLOTS:
         if plot_names is None or name in plot_names:
             png = draw(runs, table)
+            if png is None and name in ONLY_IF_DRAWN:
+                continue
             images.append((name, caption, png))
             if png is not None:
                 written.append(_write(out / name, png))
-    page = _html(title, runs, [(table, MARKDOWN), (seeds, SEEDS_MARKDOWN)], images)
+    page = _html(title, runs, [(table, markdown_columns(table)), (seeds, seed_columns(seeds))],
+                 images)
     written.append(_write(out / "report.html", page.encode()))
     return written
 
 
-RUN_PLOTS = ("accuracy_time.png", "accuracy_bytes.png", "breakdown.png")
+RUN_PLOTS = ("accuracy_time.png", "loss_time.png", "accuracy_bytes.png", "breakdown.png")
 
 
 def write_run_report(run_dir: str | Path) -> Path:

@@ -6,6 +6,7 @@ matplotlib's object API with the Agg canvas: no pyplot state, no display needed.
 from __future__ import annotations
 
 import io
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +56,19 @@ def accuracy_vs_time(runs: list[RunData]) -> bytes | None:
     clocks = {r.clock for r in runs}
     return _lines(runs, lambda r: [(e["time"], e["accuracy"]) for e in r.evals],
                   f"training time (s, {' or '.join(sorted(clocks))})", "test accuracy")
+
+
+def loss_vs_time(runs: list[RunData]) -> bytes | None:
+    """The validation loss against time, for runs with a loss target or a language model's
+    data (text, tokens); None if there are none."""
+    chosen = [r for r in runs if (r.target or ("",))[0] == "loss"
+              or r.summary.get("data_kind") in ("text", "tokens")]
+    clocks = {r.clock for r in chosen}
+    return _lines(chosen, lambda r: [(e["time"], e["loss"]) for e in r.evals
+                                     if isinstance(e.get("loss"), int | float)
+                                     and math.isfinite(e["loss"])],
+                  f"training time (s, {' or '.join(sorted(clocks))})",
+                  "validation loss (nats per token)") if chosen else None
 
 
 def accuracy_vs_bytes(runs: list[RunData]) -> bytes | None:
@@ -152,6 +166,7 @@ def _legend(ax: Any, curves: int) -> None:
 
 PLOTS = (  # file name, title, what draws it (from the runs or the table)
     ("accuracy_time.png", "Accuracy against time", lambda runs, table: accuracy_vs_time(runs)),
+    ("loss_time.png", "Validation loss against time", lambda runs, table: loss_vs_time(runs)),
     ("accuracy_bytes.png", "Accuracy against bytes sent",
      lambda runs, table: accuracy_vs_bytes(runs)),
     ("breakdown.png", "Per-iteration breakdown", lambda runs, table: breakdown(table)),

@@ -16,7 +16,9 @@ from fastsgd.records.metrics import PHASES
 
 NEEDED = ("summary.json", "metrics.jsonl", "eval.jsonl")
 # what the report reads of summary.json (wall_to_target, target_accuracy: runs before
-# 2026-11-28 lack them)
+# 2026-11-28 lack them; target, target_loss, final_perplexity, final_bits_per_byte,
+# data_kind: runs before loss targets (2026-12) lack them, and their target is
+# target_accuracy's)
 SUMMARY = ("strategy", "compressor", "workers", "steps", "epochs", "final_accuracy",
            "time_to_target", "wall_time", "simulated_time", "samples_per_second",
            "bytes_sent_total", "consensus_distance")
@@ -52,6 +54,11 @@ class RunData:
         """What the time columns count: "simulated" or "wall" seconds."""
         return "simulated" if self.summary["simulated_time"] is not None else "wall"
 
+    @property
+    def target(self) -> tuple[str, float] | None:
+        """(metric, value) of the run's target ("accuracy" or "loss"), or None."""
+        return target_of(self.summary)
+
     def training_time(self) -> float:
         s = self.summary
         return s["simulated_time"] if s["simulated_time"] is not None else s["wall_time"]
@@ -79,6 +86,37 @@ class RunData:
             before = [b for s, b in sent if s <= e["step"]]
             points.append((before[-1] if before else 0.0, e["accuracy"]))
         return points
+
+
+def target_of(summary: dict[str, Any]) -> tuple[str, float] | None:
+    """(metric, value) of a summary's target, or None; an older summary's is its
+    target_accuracy."""
+    target = summary.get("target")
+    if isinstance(target, dict) and target.get("value"):
+        return str(target["metric"]), float(target["value"])
+    if summary.get("target_loss"):
+        return "loss", float(summary["target_loss"])
+    return ("accuracy", float(summary["target_accuracy"])) if summary.get(
+        "target_accuracy") else None
+
+
+def reached(target: tuple[str, float] | None, evaluation: dict[str, Any]) -> bool:
+    """Does a line of eval.jsonl reach the target? (a NaN or absent loss never does)"""
+    if target is None:
+        return False
+    metric, value = target
+    got = evaluation.get(metric)
+    if not _number(got):
+        return False
+    return got >= value if metric == "accuracy" else got <= value
+
+
+def describe(target: tuple[str, float] | None) -> str:
+    """"loss 2.00" or "88%": what "time to ..." names."""
+    if target is None:
+        return ""
+    metric, value = target
+    return f"loss {value:.2f}" if metric == "loss" else f"{value:.0%}"
 
 
 def load_run(path: str | Path) -> RunData:

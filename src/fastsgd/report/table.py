@@ -15,13 +15,14 @@ from typing import Any
 
 from fastsgd.loop.profiling import KEYS as PROFILED
 from fastsgd.records.metrics import PHASES
-from fastsgd.report.runs import RunData
+from fastsgd.report.runs import RunData, describe, reached
 from fastsgd.report.text import human_bytes, phase_breakdown
 
 COLUMNS = ("run", "strategy", "codec", "workers", "steps", "clock", "final_accuracy",
-           "target_accuracy", "time_to_target_s", "wall_to_target_s", "epochs_to_target",
-           "training_time_s", "wall_time_s", "samples_per_s", "bytes_sent", "bytes_per_step",
-           "comm_overhead",
+           "final_loss", "final_perplexity", "bits_per_byte", "target_metric", "target_value",
+           "target_accuracy", "target_loss", "time_to_target_s", "wall_to_target_s",
+           "epochs_to_target", "training_time_s", "wall_time_s", "samples_per_s", "bytes_sent",
+           "bytes_per_step", "comm_overhead",
            *(f"{p}_ms" for p in PHASES), "consensus_distance", "scaling_efficiency", "path")
 
 
@@ -42,7 +43,7 @@ def _row(run: RunData) -> dict[str, Any]:
     return {
         "run": run.title, "strategy": s["strategy"], "codec": s["compressor"],
         "workers": s["workers"], "steps": s["steps"], "clock": run.clock,
-        "final_accuracy": s["final_accuracy"], "target_accuracy": s.get("target_accuracy"),
+        "final_accuracy": s["final_accuracy"], **_loss_columns(run), **_target_columns(run),
         "time_to_target_s": s["time_to_target"],
         "wall_to_target_s": s.get("wall_to_target"),  # runs before 2026-11-28 lack it
         "epochs_to_target": epochs_to_target(run),
@@ -57,11 +58,32 @@ def _row(run: RunData) -> dict[str, Any]:
     }
 
 
+def _loss_columns(run: RunData) -> dict[str, Any]:
+    """The final loss, its perplexity and (byte-level text) bits per byte; an older
+    summary's perplexity from its loss."""
+    s = run.summary
+    loss = s.get("final_loss")
+    perplexity = s.get("final_perplexity")
+    if perplexity is None and loss is not None and "final_perplexity" not in s:
+        perplexity = math.exp(min(loss, 700.0))
+    return {"final_loss": loss, "final_perplexity": perplexity,
+            "bits_per_byte": s.get("final_bits_per_byte"), "data_kind": s.get("data_kind")}
+
+
+def _target_columns(run: RunData) -> dict[str, Any]:
+    metric, value = run.target or (None, None)
+    return {"target_metric": metric, "target_value": value,
+            "target_accuracy": value if metric == "accuracy" else None,
+            "target_loss": value if metric == "loss" else None,
+            "target": describe(run.target)}
+
+
 def epochs_to_target(run: RunData) -> float | None:
-    """Epochs done by the first evaluation at or above the target (None: not reached)."""
-    target, s = run.summary.get("target_accuracy"), run.summary
-    reached = [e["step"] for e in run.evals if target and e["accuracy"] >= target]
-    return reached[0] * s["epochs"] / s["steps"] if reached else None
+    """Epochs done by the first evaluation that reaches the target: an accuracy at or
+    above it, a loss at or below it (None: not reached)."""
+    target, s = run.target, run.summary
+    steps = [e["step"] for e in run.evals if reached(target, e)]
+    return steps[0] * s["epochs"] / s["steps"] if steps else None
 
 
 def job_key(run: RunData, ignore: tuple[str, ...] = ("workers", "out")) -> str:
@@ -113,7 +135,8 @@ def mlperf_score(values: list[float | None]) -> float | None:
     return None if math.inf in times else statistics.fmean(times)
 
 
-SEED_COLUMNS = ("cell", "seeds", "target", "accuracy_mean", "accuracy_sd", "time_to_target_s",
+SEED_COLUMNS = ("cell", "seeds", "target", "target_metric", "accuracy_mean", "accuracy_sd",
+                "loss_mean", "time_to_target_s",
                 "wall_to_target_s", "epochs_to_target", "samples_per_s", "clock")
 
 
@@ -129,11 +152,14 @@ def over_seeds(runs: list[RunData]) -> list[dict[str, Any]]:
     for group in (list(g.values()) for g in groups.values() if len(g) > 1):
         # null: a run whose model diverged (results.number)
         accuracy = [a for r in group if (a := r.summary["final_accuracy"]) is not None]
+        loss = [v for r in group if (v := r.summary.get("final_loss")) is not None]
+        metric, value = group[0].target or (None, None)
         out.append({
             "cell": _without(group[0], ("run.seed=",)), "seeds": len(group),
-            "target": group[0].summary.get("target_accuracy"),
+            "target": value, "target_metric": metric, "about": describe(group[0].target),
             "accuracy_mean": statistics.fmean(accuracy) if accuracy else None,
             "accuracy_sd": statistics.stdev(accuracy) if len(accuracy) > 1 else None,
+            "loss_mean": statistics.fmean(loss) if loss else None,
             "time_to_target_s": mlperf_score([r.summary["time_to_target"] for r in group]),
             "wall_to_target_s": mlperf_score([r.summary.get("wall_to_target") for r in group]),
             "epochs_to_target": mlperf_score([epochs_to_target(r) for r in group]),
@@ -194,7 +220,51 @@ SEEDS_MARKDOWN = (
 )
 
 
-def to_markdown(table: list[dict[str, Any]], columns: tuple = MARKDOWN) -> str:
+LANGUAGE = ("text", "tokens")  # dataset kinds whose loss is what one reads
+
+
+def _time_column(table: list[dict[str, Any]], key: str, header: str, scored: str) -> tuple:
+    """The time-to-target column: "time to loss 2.00" where every row has that target;
+    else "time to target", each cell naming its own."""
+    def seconds(r: dict[str, Any]) -> str:
+        return _seconds(r[scored], r["clock"])
+    named = {r[key] for r in table if r[key]}
+    if len(named) <= 1:
+        return (header.replace("target", named.pop() if named else "target"),
+                lambda r: seconds(r) if r[key] else "")
+    return header, lambda r: f"{r[key]}: {seconds(r)}" if r[key] else ""
+
+
+def _loss_shown(table: list[dict[str, Any]]) -> bool:
+    return any(r.get("target_metric") == "loss" or r.get("bits_per_byte") is not None
+               or r.get("data_kind") in LANGUAGE for r in table)
+
+
+def markdown_columns(table: list[dict[str, Any]]) -> tuple:
+    """MARKDOWN for these rows: the time to their target named, and the final loss,
+    perplexity and bits per byte for runs that have a loss target or learn text."""
+    columns = list(MARKDOWN)
+    columns[4] = _time_column(table, "target", "time to target", "time_to_target_s")
+    if _loss_shown(table):
+        extra = [("loss", lambda r: _maybe(r["final_loss"], "{:.4f}")),
+                 ("perplexity", lambda r: _maybe(r["final_perplexity"], "{:.4g}"))]
+        if any(r.get("bits_per_byte") is not None for r in table):
+            extra.append(("bits/byte", lambda r: _maybe(r["bits_per_byte"], "{:.3f}")))
+        columns[4:4] = extra
+    return tuple(columns)
+
+
+def seed_columns(seeds: list[dict[str, Any]]) -> tuple:
+    """SEEDS_MARKDOWN for these rows (as markdown_columns)."""
+    columns = list(SEEDS_MARKDOWN)
+    columns[3] = _time_column(seeds, "about", "time to target (MLPerf)", "time_to_target_s")
+    if any(r.get("target_metric") == "loss" for r in seeds):
+        columns.insert(3, ("loss (mean)", lambda r: _maybe(r["loss_mean"], "{:.4f}")))
+    return tuple(columns)
+
+
+def to_markdown(table: list[dict[str, Any]], columns: tuple | None = None) -> str:
+    columns = markdown_columns(table) if columns is None else columns
     lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(show(r) for _, show in columns) + " |" for r in table]
     return "\n".join(lines) + "\n"

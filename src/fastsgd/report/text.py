@@ -7,6 +7,7 @@ from pathlib import Path
 from statistics import fmean
 
 from fastsgd.records.metrics import PHASES, read_jsonl
+from fastsgd.report.runs import describe, target_of
 
 
 def phase_breakdown(metrics: list[dict]) -> dict[str, float]:
@@ -42,6 +43,27 @@ def _evaluation_line(s: dict) -> list[str]:
             f"{plural(s['evaluations'], 'evaluation')} (not counted in training time)"]
 
 
+def _to_target(s: dict) -> str:
+    """", time to loss 2.00: 3.1 s" (or to 88%, or "not reached"); "" without a target."""
+    target = target_of(s)
+    if target is None:
+        return ""
+    got = f"{s['time_to_target']:.1f} s" if s["time_to_target"] is not None else "not reached"
+    return f", time to {describe(target)}: {got}"
+
+
+def _loss(s: dict) -> str:
+    """The final loss, with its perplexity (a language model's, or a loss target's) and bits
+    per byte where the summary has them."""
+    parts = [f"loss {_shown(s['final_loss'], '{:.4f}')}"]
+    language = s.get("data_kind") in ("text", "tokens") or (target_of(s) or ("",))[0] == "loss"
+    if language and s.get("final_perplexity") is not None:
+        parts.append(f"perplexity {s['final_perplexity']:.4g}")
+    if s.get("final_bits_per_byte") is not None:
+        parts.append(f"{s['final_bits_per_byte']:.3f} bits per byte")
+    return ", ".join(parts)
+
+
 def text_report(run_dir: str | Path) -> str:
     run_dir = Path(run_dir)
     s = json.loads((run_dir / "summary.json").read_text())
@@ -51,12 +73,8 @@ def text_report(run_dir: str | Path) -> str:
         f"strategy {s['strategy']} | compressor {s['compressor']} | "
         f"{plural(s['workers'], 'worker')} | {plural(s['steps'], 'step')} "
         f"({s['epochs']:.2f} epochs, global batch {s['global_batch']})",
-        f"test accuracy  {_shown(s['final_accuracy'], '{:.2%}')}   "
-        f"(loss {_shown(s['final_loss'], '{:.4f}')})",
-        f"training time  {clock:.1f} s {kind}"
-        + (f", time to {s['target_accuracy']:.0%}: " + (f"{s['time_to_target']:.1f} s"
-           if s["time_to_target"] is not None else "not reached")
-           if s.get("target_accuracy") else ""),
+        f"test accuracy  {_shown(s['final_accuracy'], '{:.2%}')}   ({_loss(s)})",
+        f"training time  {clock:.1f} s {kind}{_to_target(s)}",
         *_evaluation_line(s),
         f"bytes sent     {human_bytes(s['bytes_sent_total'])} by all workers",
         f"consensus      {_shown(s['consensus_distance'], '{:.3g}')} (mean squared distance "

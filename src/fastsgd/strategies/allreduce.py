@@ -17,6 +17,8 @@ after the step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -105,6 +107,7 @@ class AllReduce(StrategyBase):
         self._hooks: list[Any] = []
         self._start: list[torch.Tensor] | None = None  # corrected: parameters before the step
         self._held: list[torch.Tensor | None] = []  # kept residual: the codec's, before it
+        self._quiet = False  # inside no_sync: backward's hooks leave the gradients be
 
     def init(self, params: list[torch.nn.Parameter], ctx: Context) -> dict[str, Any]:
         self.close()
@@ -132,7 +135,20 @@ class AllReduce(StrategyBase):
         """Refuse momentum_correction = 'on' with an optimizer that has no momentum."""
         corrects(self.momentum_correction, optimizer, codec)
 
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside send nothing (as DDP's no_sync): the gradients of the
+        micro-batches before the last (run.accumulate) add up in p.grad, and go out from
+        the last backward's hooks, or, if that one runs inside too, from on_gradients."""
+        self._quiet = True
+        try:
+            yield
+        finally:
+            self._quiet = False
+
     def _ready(self, bucket: _Bucket, ctx: Context) -> None:
+        if self._quiet:
+            return
         bucket.pending -= 1
         if bucket.pending == 0:
             bucket.launch(ctx)
