@@ -165,7 +165,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
     },
     "optimizer": {
         "name": Option(str, "sgd", _optimizer_name,
-                       "sgd | adam | module:Class (other keys: its keyword arguments)"),
+                       "sgd | adam | adamw | module:Class (other keys: its keyword arguments)"),
         "lr": Option(float, 0.05, positive),
         "momentum": Option(float, 0.9, between(0, 1)),
         "weight_decay": Option(float, 0.0, at_least(0)),
