@@ -43,6 +43,13 @@ def test_target_loss_where_set_replaces_target_accuracy():
     assert target_of({"target_accuracy": 0.5}) == Target("accuracy", 0.5)  # an older config
 
 
+def test_a_language_model_has_no_accuracy_target_only_a_loss_target():
+    run = {"target_accuracy": 0.88, "target_loss": 0.0}
+    assert target_of(run, "images") == Target("accuracy", 0.88)
+    assert not target_of(run, "text") and not target_of(run, "tokens")
+    assert target_of({**run, "target_loss": 2.0}, "text") == Target("loss", 2.0)
+
+
 def test_a_loss_target_is_reached_at_or_below_it_and_never_by_a_nan():
     loss = Target("loss", 2.0)
     assert loss.reached(0.0, 2.0) and loss.reached(0.0, 1.9) and not loss.reached(1.0, 2.1)

@@ -8,6 +8,7 @@ import torch
 
 import fastsgd
 from fastsgd.errors import UserError
+from fastsgd.report import text_report
 from fastsgd.workloads.data import Shard, load_dataset
 from fastsgd.workloads.gpt import GPT, parameter_count
 from fastsgd.workloads.text import VALIDATION_WINDOWS
@@ -114,6 +115,8 @@ def test_the_gpt_learns_bytes_on_four_workers(tmp_path, capsys):
     evals = [json.loads(line) for line in (result.run_dir / "eval.jsonl").open()]
     assert evals[-1]["loss"] / np.log(2) < 6  # bits per byte; uniform bytes: 8
     assert json.loads((result.run_dir / "data.json").read_text())["files"] == 6
+    assert result.summary["target"] is None  # no accuracy target for next bytes
+    assert "validation     loss" in text_report(result.run_dir)
 
 
 class _Windows(torch.utils.data.IterableDataset):

@@ -87,7 +87,8 @@ def simulate_plan(plan: Plan, net: Network, faults: Faults) -> None:
     plan.observer = Observer(n, plan.config["run"]["representative"],
                              lambda m: plan.evaluate(m, plan.dataset, torch.device("cpu")),
                              EvalLog(plan.run_dir / "eval.jsonl",
-                                     target_of(plan.config["run"]), plan.dataset.kind))
+                                     target_of(plan.config["run"], plan.dataset.kind),
+                                     plan.dataset.kind))
     lanes, ahead = compute_lanes(plan, model)
     with interrupt.simulated(n) as stop:
         try:

@@ -51,7 +51,7 @@ class LoopContext:
         self.metrics = JsonLines(plan.run_dir / "metrics.jsonl",
                                  within=math.inf if plan.simulated else 1.0)
         self.log = plan.observer.log if plan.observer else EvalLog(
-            plan.run_dir / "eval.jsonl", target_of(run), plan.dataset.kind)
+            plan.run_dir / "eval.jsonl", target_of(run, plan.dataset.kind), plan.dataset.kind)
         self.spread = heterogeneity(plan.config["compute"], run["seed"])
         replica.ctx.score = lambda: plan.score(self.model, self.t.device, self.rank)
         self.progress = Progress(self.steps, enabled=plan.progress and self.rank == 0)

@@ -51,11 +51,14 @@ class Target:
         return {"metric": self.metric, "value": self.value} if self else None
 
 
-def target_of(run: dict) -> Target:
+def target_of(run: dict, kind: str = "images") -> Target:
     """The [run] section's target: run.target_loss where set (> 0), else
-    run.target_accuracy (0: none)."""
+    run.target_accuracy (0: none), which only a classifier's data ("images") has: the
+    share of next tokens guessed right is no goal to train a language model to."""
     if run.get("target_loss", 0.0) > 0:
         return Target("loss", float(run["target_loss"]))
+    if kind != "images":
+        return Target()
     return Target("accuracy", float(run.get("target_accuracy", 0.0)))
 
 

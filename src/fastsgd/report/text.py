@@ -52,12 +52,24 @@ def _to_target(s: dict) -> str:
     return f", time to {describe(target)}: {got}"
 
 
+def _quality(s: dict) -> str:
+    """The final evaluation: a classifier's test accuracy, or a language model's
+    validation loss first (its accuracy is the share of next tokens guessed right)."""
+    accuracy = _shown(s["final_accuracy"], "{:.2%}")
+    if _language(s):
+        return f"validation     {_loss(s)}; next-token accuracy {accuracy}"
+    return f"test accuracy  {accuracy}   ({_loss(s)})"
+
+
+def _language(s: dict) -> bool:
+    return s.get("data_kind") in ("text", "tokens") or (target_of(s) or ("",))[0] == "loss"
+
+
 def _loss(s: dict) -> str:
     """The final loss, with its perplexity (a language model's, or a loss target's) and bits
     per byte where the summary has them."""
     parts = [f"loss {_shown(s['final_loss'], '{:.4f}')}"]
-    language = s.get("data_kind") in ("text", "tokens") or (target_of(s) or ("",))[0] == "loss"
-    if language and s.get("final_perplexity") is not None:
+    if _language(s) and s.get("final_perplexity") is not None:
         parts.append(f"perplexity {s['final_perplexity']:.4g}")
     if s.get("final_bits_per_byte") is not None:
         parts.append(f"{s['final_bits_per_byte']:.3f} bits per byte")
@@ -73,7 +85,7 @@ def text_report(run_dir: str | Path) -> str:
         f"strategy {s['strategy']} | compressor {s['compressor']} | "
         f"{plural(s['workers'], 'worker')} | {plural(s['steps'], 'step')} "
         f"({s['epochs']:.2f} epochs, global batch {s['global_batch']})",
-        f"test accuracy  {_shown(s['final_accuracy'], '{:.2%}')}   ({_loss(s)})",
+        _quality(s),
         f"training time  {clock:.1f} s {kind}{_to_target(s)}",
         *_evaluation_line(s),
         f"bytes sent     {human_bytes(s['bytes_sent_total'])} by all workers",
