@@ -57,6 +57,22 @@ def test_a_section_axis_varies_keys_together(tmp_path):
     assert matrix[0].label == "strategy=dpsgd/torus run.seed=1"
 
 
+def test_a_joint_axis_sets_several_sections_and_the_mode_together(tmp_path):
+    text = SPEC.replace('"strategy.name" = ["allreduce", "dpsgd"]',
+                        'method = [{label = "diloco+qsgd", strategy = {name = "diloco", '
+                        'period = 5}, compression = {name = "qsgd", levels = 7}}]\n'
+                        'deployment = [{label = "4 real", mode = "run", run = {workers = 4}}, '
+                        '{run = {workers = 8}, network = {bandwidth = "1Gbit"}}]')
+    matrix = cells(*load_spec(_spec(tmp_path, text)))
+    assert [(c.mode, c.config["run"]["workers"], c.config["network"]["bandwidth"])
+            for c in matrix[::3]] == [("run", 4, "10Gbit"), ("simulate", 8, "1Gbit")]
+    assert {(c.config["strategy"]["period"], c.config["compression"]["levels"])
+            for c in matrix} == {(5, 7)}
+    assert [c.label for c in matrix[::3]] == [
+        "method=diloco+qsgd deployment=4real run.seed=1",
+        "method=diloco+qsgd deployment=8/1Gbit run.seed=1"]
+
+
 def test_mlperf_drops_the_fastest_and_the_slowest():
     assert mlperf_score([4.0, 1.0, 2.0, 3.0, 10.0]) == 3.0
     assert mlperf_score([4.0, 1.0, 2.0, 3.0, None]) == 3.0  # not reached: the slowest
@@ -71,6 +87,10 @@ def test_mlperf_drops_the_fastest_and_the_slowest():
     ('"run.workers" = []\n', "axes.run.workers: give a non-empty list"),
     ('"run.workers" = [0]\n', "the cell strategy.name=allreduce run.seed=1 run.workers=0: "),
     ('"mode" = ["simulated"]\n', "axes.mode: 'simulated' is not 'simulate', 'run' or 'hosts'"),
+    ('deployment = [4]\n', "axes.deployment: not a section of the configuration, so a joint"),
+    ('deployment = [{rn = {workers = 4}}]\n', "axes.deployment: rn is neither a section"),
+    ('deployment = [{run = {wrkers = 4}}]\n', "axes.deployment: no such key run.wrkers"),
+    ('deployment = [{mode = "real"}]\n', "axes.mode: 'real' is not 'simulate'"),
     # what a strategy checks of the workers, before any cell runs
     ('strategy = [{name = "dpsgd", topology = "torus"}]\n"run.workers" = [4, 7]\n',
      "the cell strategy.name=allreduce run.seed=1 strategy=dpsgd/torus run.workers=7: torus: "

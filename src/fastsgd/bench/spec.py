@@ -14,7 +14,9 @@
 
 An axis named by a section alone takes tables, each merged into that section, for keys that
 vary together (a strategy and its topology, a network's bandwidth and latency); a table's
-`label` names it in the cell's label instead of its values.
+`label` names it in the cell's label instead of its values. An axis of any other name is a
+joint axis: its tables hold sections (and "mode"), for settings across sections that vary
+together, as a deployment's mode, workers and network.
 
 A cell's id is a hash of its mode and its resolved configuration (where it is written
 aside), so a bench that is run again skips the cells it has done, and two specs that
@@ -102,19 +104,15 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
         for key, value in zip(keys, values):
             if key == "mode":
                 cell_mode = _mode(value)
-                continue
-            section, _, name = key.partition(".")
-            table = {name: value} if name else value
-            if not isinstance(table, dict):
-                raise ConfigError(f"axes.{key}: a section's values are tables, e.g. "
-                                  f"{{name = ...}}; or name a key as {key}.KEY")
-            table = {k: v for k, v in table.items() if k != "label"}  # the value's name
-            for name in table:
-                if section not in cfg.SCHEMA or (name not in cfg.SCHEMA[section]
-                                                 and section not in cfg.OPEN_SECTIONS):
-                    raise ConfigError(f"axes.{key}: no such key {section}.{name} "
-                                      "(fastsgd keys lists them)")
-            raw.setdefault(section, {}).update(table)
+            elif "." in key or key in cfg.SCHEMA:
+                section, _, name = key.partition(".")
+                _merge(raw, key, section, {name: value} if name else value)
+            else:  # a joint axis: each value sets several sections (and the mode) together
+                for section, table in _joint(key, value).items():
+                    if section == "mode":
+                        cell_mode = _mode(table)
+                    else:
+                        _merge(raw, key, section, table)
         try:  # a cell that cannot run is refused before any runs, not hours into the bench
             config = cfg.validate(raw, CHOICES)
             _check_strategy(config)
@@ -127,6 +125,35 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
         if all(cell.id != c.id for c in out):  # the same run twice is one cell
             out.append(cell)
     return out
+
+
+def _merge(raw: dict[str, Any], key: str, section: str, table: Any) -> None:
+    """Merge an axis value's table into `section` of the cell's raw configuration."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"axes.{key}: a section's values are tables, e.g. "
+                          f"{{name = ...}}; or name a key as {key}.KEY")
+    table = {k: v for k, v in table.items() if k != "label"}  # the value's name
+    for name in table:
+        if section not in cfg.SCHEMA or (name not in cfg.SCHEMA[section]
+                                         and section not in cfg.OPEN_SECTIONS):
+            raise ConfigError(f"axes.{key}: no such key {section}.{name} "
+                              "(fastsgd keys lists them)")
+    raw.setdefault(section, {}).update(table)
+
+
+def _joint(key: str, value: Any) -> dict[str, Any]:
+    """A joint axis's value: a table of sections (and "mode"), e.g. {label = "4 real",
+    mode = "run", run = {workers = 4}}, for settings that vary together across sections."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"axes.{key}: not a section of the configuration, so a joint axis "
+                          "whose values are tables of sections, e.g. {run = {workers = 4}, "
+                          'mode = "run"}; fastsgd keys lists the sections')
+    joint = {k: v for k, v in value.items() if k != "label"}
+    unknown = sorted(set(joint) - set(cfg.SCHEMA) - {"mode"})
+    if unknown:
+        raise ConfigError(f"axes.{key}: {unknown[0]} is neither a section of the "
+                          "configuration nor mode (fastsgd keys lists the sections)")
+    return joint
 
 
 def _check_strategy(config: dict[str, Any]) -> None:
@@ -148,6 +175,7 @@ def _mode(value: Any) -> str:
 def _describe(keys: list[str], values: tuple[Any, ...]) -> str:
     def show(key: str, value: Any) -> str:
         if isinstance(value, dict):  # a section's table: its label, or its values in order
-            value = value.get("label") or "/".join(str(v) for v in value.values())
+            value = value.get("label") or "/".join(
+                show("", v)[1:] if isinstance(v, dict) else str(v) for v in value.values())
         return f"{key}={value}".replace(" ", "")  # one word per axis
     return " ".join(show(k, v) for k, v in zip(keys, values)) or "(the base)"
