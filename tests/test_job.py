@@ -152,3 +152,13 @@ def test_a_relative_trace_is_recorded_absolute(tmp_path, monkeypatch):
     again = Job(config=first.run_dir / "config.toml", options={"run.out": str(tmp_path / "b")},
                 quiet=True).simulate()
     _same_run(first, again)
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_api_ends_a_run_as_the_cli_does_with_its_report_and_summary(quiet, tmp_path, capsys):
+    options = {**SMALL, "compute.model": "fixed", "compute.step_time": "2ms",
+               "run.out": str(tmp_path / "run")}
+    result = Job(options=options, quiet=quiet).simulate()
+    out = capsys.readouterr().out
+    assert (result.run_dir / "report" / "report.html").exists() is not quiet
+    assert ("test accuracy" in out and out.rstrip().endswith(str(result.run_dir))) is not quiet

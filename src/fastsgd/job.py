@@ -56,14 +56,16 @@ class Job:
     then from the defaults; `options` overrides single keys, e.g. {"run.steps": 100}.
     Objects given here are recorded in the run's config.toml as what they are (see
     components.py). A run never overwrites another unless `options` names `run.out` or
-    `overwrite` is set (see rundir.py)."""
+    `overwrite` is set (see rundir.py). As `fastsgd run` does, a run ends with its report
+    (RUN_DIR/report/) and its summary printed, unless `quiet` (or `report=False`)."""
 
     def __init__(self, model: ModelArg | None = None, optimizer: OptimizerFn | None = None,
                  step: StepFn | None = None, data: str | Dataset | Any = None,
                  strategy: str | Strategy | None = None,
                  compressor: str | Compressor | None = None, evaluate: EvalFn | None = None,
                  config: str | Path | dict | None = None, options: dict[str, Any] | None = None,
-                 quiet: bool = False, overwrite: bool = False, resume: str | Path | None = None):
+                 quiet: bool = False, overwrite: bool = False, resume: str | Path | None = None,
+                 report: bool | None = None):
         if not isinstance(options, dict | None):  # else a TypeError deep in config.py
             raise UserError(f"options must be a dict of 'section.key': value; got "
                             f"{described(options)}")
@@ -102,6 +104,8 @@ class Job:
         self.config = cfg.validate(raw, CHOICES)
         self._resolve(given)
         self.quiet, self.overwrite, self.resume = quiet, overwrite, resume is not None
+        # as `fastsgd run` ends: RUN_DIR/report/ and the summary printed (unless quiet)
+        self._report = not quiet if report is None else report
         self._out_given = "run.out" in (options or {})
 
     def _resolve(self, given: dict[str, Any]) -> None:
@@ -161,7 +165,17 @@ class Job:
                 lambda: train_process(plan), config["run"]["workers"], restart=attempt,
                 expendable=expendable(plan), survivors_stop=config["run"]["on_failure"] == "stop",
                 rejoin=rejoin_steps(plan), door=door_of(plan)))
-        return result_of(plan.run_dir, failures)
+        return self._reported(result_of(plan.run_dir, failures))
+
+    def _reported(self, result: Result) -> Result:
+        """The run's report and summary, as the CLI writes and prints them."""
+        if self._report and result.summary is not None:
+            from fastsgd.report import text_report, write_run_report
+
+            *lines, last = text_report(result.run_dir).splitlines()
+            page = write_run_report(result.run_dir)
+            print("\n".join([*lines, f"report         {page}", last]))  # the folder last
+        return result
 
     def _names_the_folder(self, config: dict) -> bool:
         """fastsgd chose the run directory (runs/STRATEGY-TIME), not the user."""
@@ -185,7 +199,7 @@ class Job:
         plan = self.plan(config, simulated=True)
         with dropped_if_empty(plan.run_dir, self._names_the_folder(config)):
             simulate_plan(plan, net, faults)
-        return result_of(plan.run_dir)
+        return self._reported(result_of(plan.run_dir))
 
     def _run_here(self) -> Result:
         """One worker of a torchrun job (torchrun.py)."""

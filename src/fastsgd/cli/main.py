@@ -251,7 +251,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     _check_set_items(args.set, path)
     options = {**cfg.parse_overrides(args.set), **_data_option(getattr(args, "data", None))}
     job = Job(config=path, options=options, quiet=args.quiet,
-              overwrite=args.overwrite, resume=getattr(args, "resume", None))
+              overwrite=args.overwrite, resume=getattr(args, "resume", None), report=False)
     config = job.config
     if args.command == "demo":
         print(f"fastsgd demo: {config['model']['name']} on {config['data']['name']}, "
