@@ -33,7 +33,9 @@ from fastsgd.loop.components import (
 )
 from fastsgd.loop.language import for_data, gpt_factory
 from fastsgd.loop.plan import EvalFn, Plan, StepFn, evaluate_classifier
+from fastsgd.loop.precision import check_precision
 from fastsgd.loop.results import Result, result_of
+from fastsgd.loop.schedule import check as check_schedule
 from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.records.checkpoint import steps
 from fastsgd.records.rundir import agree, claim, default_out, dropped_if_empty, make_run_folder
@@ -235,15 +237,19 @@ class Job:
                               "run.checkpoint_every = 0")
         make_model = self._model_factory(config, dataset)
         run_dir = self._run_dir(config, transport)
-        if dataset.about and (transport is None or transport.rank == 0):
-            (run_dir / "data.json").write_text(json.dumps(dataset.about, indent=1) + "\n")
         config = cfg.merged(config, CHOICES, run={"out": str(run_dir)})
-        return Plan(config=config, run_dir=run_dir, dataset=dataset, make_model=make_model,
+        plan = Plan(config=config, run_dir=run_dir, dataset=dataset, make_model=make_model,
                     make_optimizer=self._optimizer, step=for_data(self._step, dataset),
                     evaluate=for_data(self._evaluate, dataset),
                     strategy=strategy, compressor=codec, simulated=simulated,
                     progress=not self.quiet, resume=self.resume,
                     fresh_if_none=self._fresh_if_none)
+        # what each worker refuses at its start, once here before any is forked
+        check_schedule(config["optimizer"], plan.total_steps(config["run"]["workers"]))
+        check_precision(config["run"]["precision"], simulated or not torch.cuda.is_available())
+        if dataset.about and (transport is None or transport.rank == 0):
+            (run_dir / "data.json").write_text(json.dumps(dataset.about, indent=1) + "\n")
+        return plan
 
     def _run_dir(self, config: dict, transport: TorchTransport | None) -> Path:
         out = config["run"]["out"]

@@ -160,6 +160,17 @@ def test_a_kit_that_cannot_run_is_one_line_naming_the_key(options, key, tmp_path
         job(tmp_path / "run", **options).simulate()
 
 
+@pytest.mark.parametrize("options,key", [({"run.precision": "fp16"}, "run.precision"),
+                                         ({"optimizer.warmup": 13}, "optimizer.warmup")])
+def test_a_real_run_refuses_the_kit_before_any_worker_starts(options, key, tmp_path,
+                                                             monkeypatch):
+    if options.get("run.precision") == "fp16" and torch.cuda.is_available():
+        pytest.skip("fp16 runs on this machine's GPU")
+    monkeypatch.setattr(fs.job, "launch", lambda *a, **k: pytest.fail("a worker started"))
+    with pytest.raises(UserError, match=f"^{key} = [^\n]*$"):
+        job(tmp_path / "run", **options, **{"run.workers": 2}).run()
+
+
 @pytest.mark.multiproc
 def test_fp16_on_cpu_ends_a_real_run_in_one_line(tmp_path):
     options = {**BASE, "run.workers": 2, "run.precision": "fp16", "run.out": tmp_path / "run"}

@@ -20,14 +20,19 @@ from fastsgd.errors import ConfigError
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def check_precision(name: str, on_cpu: bool, where: str = "this run's workers run on cpu"
+                    ) -> None:
+    """fp16 without a GPU: refused in one line (fp16 gradients need CUDA's loss scaling)."""
+    if name == "fp16" and on_cpu:
+        raise ConfigError(f"run.precision = 'fp16' needs a CUDA GPU (loss scaling of fp16 "
+                          f"gradients); {where}: use run.precision = 'bf16'")
+
+
 class Precision:
     """A worker's run.precision on its `device`."""
 
     def __init__(self, name: str, device: torch.device):
-        if name == "fp16" and device.type != "cuda":
-            raise ConfigError(f"run.precision = 'fp16' needs a CUDA GPU (loss scaling of "
-                              f"fp16 gradients); this worker runs on {device.type}: use "
-                              "run.precision = 'bf16'")
+        check_precision(name, device.type != "cuda", f"this worker runs on {device.type}")
         self.name, self.device_type = name, device.type
         self.scaler = torch.amp.GradScaler("cuda") if name == "fp16" else None
 
