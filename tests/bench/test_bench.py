@@ -148,6 +148,7 @@ def test_a_bench_runs_reports_and_resumes(tmp_path, capsys):
     assert not any((out / "cells" / i / "report").exists() for i in labels)  # one report: below
     markdown = (out / "report" / "report.md").read_text()
     assert "## Over seeds" in markdown and "| strategy.name=dpsgd | 3 |" in markdown
+    assert capsys.readouterr().out.strip() == markdown.strip()  # the tables in the terminal
     before = {i: (out / "cells" / i / "summary.json").stat().st_mtime_ns for i in labels}
     assert main(["bench", str(spec), "--out", str(out), "--quiet"]) == 0
     assert "3 done before, 0 to run" in capsys.readouterr().err

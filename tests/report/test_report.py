@@ -11,6 +11,7 @@ import pytest
 import fastsgd as fs
 from fastsgd.cli.main import main
 from fastsgd.report import find_runs, load_run
+from fastsgd.report.plots import log_axis
 from fastsgd.report.table import rows
 
 COMMON = {"data.name": "digits", "model.name": "mlp", "run.steps": 60, "run.eval_every": 20,
@@ -170,3 +171,17 @@ def test_a_run_given_twice_is_one_run_and_one_seed_is_not_a_spread(bench):
     assert over_seeds([run, again]) == []
     other_seed = replace(run, config={**run.config, "run": {**run.config["run"], "seed": 9}})
     assert [r["seeds"] for r in over_seeds([run, again, other_seed])] == [2]
+
+
+@pytest.mark.parametrize("low, high", [(300.0, 900.0), (0.0, 4e4), (20.0, 30.0), (90.0, 600.0),
+                                       (100.0, 3000.0), (0.5, 1.5)])
+def test_the_bytes_axis_has_ticks_to_read_within_one_decade_too(low, high):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    ax = Figure().add_subplot()
+    ax.plot([low, high], [0.5, 0.9])
+    log_axis(ax.xaxis, low, high)
+    ax.set_xlim(low, high)
+    ticks = [x for x in ax.get_xticks() if low <= x <= high]
+    assert len(ticks) >= 2, ticks

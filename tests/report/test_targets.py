@@ -78,7 +78,7 @@ def test_seeds_with_a_loss_target_are_scored_as_mlperf_does(runs):
 def test_the_written_report_has_the_loss_columns_and_plot(runs, tmp_path):
     written = write_report(find_runs([runs]), tmp_path / "out")
     names = {p.name for p in written}
-    assert {"loss_time.png", "seeds.csv", "report.md", "report.html"} <= names
+    assert {"loss_time.png", "loss_bytes.png", "seeds.csv", "report.md", "report.html"} <= names
     table = list(csv.DictReader(io.StringIO((tmp_path / "out" / "report.csv").read_text())))
     by_run = {r["run"]: r for r in table}
     assert by_run["loss-2"]["target_metric"] == "loss" and by_run["loss-2"]["final_loss"]
@@ -90,7 +90,7 @@ def test_the_written_report_has_the_loss_columns_and_plot(runs, tmp_path):
 
 def test_a_report_of_images_alone_draws_no_loss_plot(runs, tmp_path):
     written = write_report(find_runs([runs / "acc"]), tmp_path / "out")
-    assert "loss_time.png" not in {p.name for p in written}
+    assert not {"loss_time.png", "loss_bytes.png"} & {p.name for p in written}
     assert "loss" not in (tmp_path / "out" / "report.html").read_text().split("<h2>")[0]
 
 

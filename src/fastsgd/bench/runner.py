@@ -85,6 +85,7 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
     if complete:
         written = write_report([load_run(d) for d in complete], root / "report",
                                title=f"fastsgd bench {Path(spec).name}")
+        print((root / "report" / "report.md").read_text().rstrip())  # the tables, here too
         print(f"report: {', '.join(p.name for p in written)} in {root / 'report'}",
               file=sys.stderr)
     if failed:

@@ -28,7 +28,7 @@ WHY_NOT = {  # why a plot is missing
     "consensus.png": "every model stayed identical (consensus distance 0) or was not measured",
     "staleness.png": "every step used fresh gradients and models (staleness 0)",
 }
-ONLY_IF_DRAWN = ("loss_time.png",)  # for language models and loss targets: else no note
+ONLY_IF_DRAWN = ("loss_time.png", "loss_bytes.png")  # language models, loss targets
 
 STYLE = """body{font-family:sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #bbb;padding:3px 6px}
@@ -70,7 +70,8 @@ def write_report(runs: list[RunData], out: str | Path, title: str = "fastsgd rep
     return written
 
 
-RUN_PLOTS = ("accuracy_time.png", "loss_time.png", "accuracy_bytes.png", "breakdown.png")
+RUN_PLOTS = ("accuracy_time.png", "loss_time.png", "accuracy_bytes.png", "loss_bytes.png",
+             "breakdown.png")
 
 
 def write_run_report(run_dir: str | Path) -> Path:

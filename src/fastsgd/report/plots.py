@@ -47,9 +47,25 @@ def _lines(runs: list[RunData], series: Callable[[RunData], list[tuple[float, fl
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if logx:
-            ax.set_xscale("symlog")
+            xs = [x for _, points in curves for x, _ in points]
+            log_axis(ax.xaxis, min(xs), max(xs))
         _legend(ax, len(curves))
     return _figure(draw)
+
+
+def log_axis(axis: Any, low: float, high: float) -> None:
+    """A log scale for values from `low` to `high` (linear below 1, where 0 bytes lies),
+    ticked densely enough to read: every digit within a decade, 1, 2 and 5 over a few, each
+    decade over more; less than half a decade stays linear, where a log scale shows nothing."""
+    from matplotlib.ticker import FuncFormatter, SymmetricalLogLocator
+
+    decades = math.log10(max(high, 1.0) / max(low, 1.0))
+    if decades < 0.5:
+        return
+    subs = range(1, 10) if decades < 1 else (1.0, 2.0, 5.0) if decades < 4 else (1.0,)
+    axis.axes.set_xscale("symlog", linthresh=1.0)
+    axis.set_major_locator(SymmetricalLogLocator(base=10, linthresh=1.0, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
 
 
 def accuracy_vs_time(runs: list[RunData]) -> bytes | None:
@@ -58,11 +74,23 @@ def accuracy_vs_time(runs: list[RunData]) -> bytes | None:
                   f"training time (s, {' or '.join(sorted(clocks))})", "test accuracy")
 
 
+def _scored_by_loss(runs: list[RunData]) -> list[RunData]:
+    """The runs with a loss target or a language model's data (text, tokens)."""
+    return [r for r in runs if (r.target or ("",))[0] == "loss"
+            or r.summary.get("data_kind") in ("text", "tokens")]
+
+
+def loss_vs_bytes(runs: list[RunData]) -> bytes | None:
+    chosen = _scored_by_loss(runs)
+    return _lines(chosen, lambda r: [(b / 1e6, v) for b, v in r.by_bytes("loss")],
+                  "MB sent by all workers", "validation loss (nats per token)",
+                  logx=True) if chosen else None
+
+
 def loss_vs_time(runs: list[RunData]) -> bytes | None:
     """The validation loss against time, for runs with a loss target or a language model's
     data (text, tokens); None if there are none."""
-    chosen = [r for r in runs if (r.target or ("",))[0] == "loss"
-              or r.summary.get("data_kind") in ("text", "tokens")]
+    chosen = _scored_by_loss(runs)
     clocks = {r.clock for r in chosen}
     return _lines(chosen, lambda r: [(e["time"], e["loss"]) for e in r.evals
                                      if isinstance(e.get("loss"), int | float)
@@ -169,6 +197,8 @@ PLOTS = (  # file name, title, what draws it (from the runs or the table)
     ("loss_time.png", "Validation loss against time", lambda runs, table: loss_vs_time(runs)),
     ("accuracy_bytes.png", "Accuracy against bytes sent",
      lambda runs, table: accuracy_vs_bytes(runs)),
+    ("loss_bytes.png", "Validation loss against bytes sent",
+     lambda runs, table: loss_vs_bytes(runs)),
     ("breakdown.png", "Per-iteration breakdown", lambda runs, table: breakdown(table)),
     ("scaling.png", "Scaling efficiency", lambda runs, table: scaling(table)),
     ("consensus.png", "Consensus distance against time",

@@ -4,6 +4,7 @@ and evaluations, and the series the plots draw (accuracy, bytes and consensus ov
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,11 +81,18 @@ class RunData:
         return out
 
     def accuracy_by_bytes(self) -> list[tuple[float, float]]:
+        return self.by_bytes("accuracy")
+
+    def by_bytes(self, metric: str) -> list[tuple[float, float]]:
+        """(bytes sent by all workers until each evaluation, its `metric`), where finite."""
         sent = self.bytes_until()
         points = []
         for e in self.evals:
+            value = e.get(metric)
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                continue
             before = [b for s, b in sent if s <= e["step"]]
-            points.append((before[-1] if before else 0.0, e["accuracy"]))
+            points.append((before[-1] if before else 0.0, float(value)))
         return points
 
 
