@@ -1,6 +1,6 @@
 """The NCCL/CUDA path: a worker on a GPU trains over NCCL, agrees with the CPU, resumes
 bitwise after kill -9, and refuses what host memory alone can do. These need a CUDA device;
-CI has none, so they skip there and run where a GPU is (README, "On GPUs")."""
+CI has none, so they skip there and run where a GPU is (docs/multihost.md, "On GPUs")."""
 
 import json
 import os

@@ -8,7 +8,7 @@ directory's logs cut back to it), and the summary lists what happened. A worker 
 or that crashes from within (SIGABRT, SIGSEGV...: control/crashes.py; a strategy whose
 collectives differ between workers, say), is a bug or a user error, not a fault: the run
 stops, and its one line names the worker, the step it was in and the run's strategy.
-(Under torchrun its elastic agent restarts the workers: README.)
+(Under torchrun its elastic agent restarts the workers: docs/multihost.md.)
 """
 
 from __future__ import annotations

@@ -68,7 +68,10 @@ def kill_if_asked(rank: int, step: int, where: str = "step") -> None:
     the evaluator of STEP computes the accuracy (after the evaluation's collectives). Only in
     a run's first
     attempt, not again after a restart by fastsgd run or torchrun.
-    FASTSGD_TEST_KILL_AFTER_CHECKPOINT=STEP kills every worker right after that checkpoint."""
+    FASTSGD_TEST_KILL_AFTER_CHECKPOINT=STEP kills every worker right after that checkpoint.
+    FASTSGD_TEST_STOP=RANK:STEP stops worker RANK (SIGSTOP: alive, stalled) after STEP."""
+    if os.environ.get("FASTSGD_TEST_STOP") == f"{rank}:{step}" and where == "step":
+        os.kill(os.getpid(), signal.SIGSTOP)
     target = os.environ.get("FASTSGD_TEST_KILL", "")
     if not target:
         return  # called three times a step: nothing more to look up in a normal run

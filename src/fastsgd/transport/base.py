@@ -12,6 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from fastsgd.errors import UserError
+
 
 class PeerLost(RuntimeError):
     """A peer this worker waited for has left the run (it crashed): `peers` are the ranks.
@@ -23,6 +25,18 @@ class PeerLost(RuntimeError):
         super().__init__(f"worker{'s' if len(peers) > 1 else ''} "
                          f"{', '.join(map(str, peers))} left the run")
         self.peers, self.received = peers, received or {}
+
+
+class PeerStalled(UserError):
+    """A collective or a message waited run.timeout for peers that did not come, though none
+    died: one is stalled (stopped, swapping, or far slower than the rest). Said in one line."""
+
+    def __init__(self, rank: int, timeout: float, peer: int | None = None):
+        whom = f"for worker {peer}, alive but silent" if peer is not None else (
+            "in a collective for peers that are alive but did not come")
+        super().__init__(f"worker {rank} waited run.timeout = {timeout:g} s {whom}: it is "
+                         "stalled (stopped, swapping, or far slower than the others); raise "
+                         "run.timeout if it is only slow")
 
 
 class GroupBroken(RuntimeError):

@@ -51,8 +51,8 @@ def open_group(ranks: list[int] | None, forming: float | None = None,
     A group of some ranks is formed by them alone (the others may be dead), within
     `forming` seconds; its collectives then wait `timeout` seconds."""
     before = _sockets() if os.path.isdir("/proc/self/fd") else {}
-    if ranks is None:
-        group = dist.new_group()
+    if ranks is None:  # every rank: its collectives wait `timeout`, as the run's own do
+        group = dist.new_group(timeout=timedelta(seconds=timeout) if timeout else None)
     else:
         group = dist.new_group(ranks, timeout=timedelta(seconds=forming or 30.0),
                                use_local_synchronization=True)

@@ -13,7 +13,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from fastsgd.errors import UserError
 from fastsgd.transport.base import (
     Done,
     Handle,
+    PeerStalled,
     nbytes,
     ring_allgather_bytes,
     ring_allreduce_bytes,
@@ -96,7 +97,8 @@ class TorchTransport(Messaging, Membership):
         # default argument), and a gloo thread that outlives close() and frees its last
         # work at interpreter exit aborts the process ("terminate called without an active
         # exception": 8 of 60 torchrun runs on the default group, 0 of 30 on this one).
-        self._group, sockets = open_group(None) if not self._joining else (None, None)
+        self._group, sockets = (open_group(None, timeout=timeout) if not self._joining
+                                else (None, None))
         self.backend = backend
         self._timeout = timeout
         joining = self._joining
@@ -182,9 +184,17 @@ class TorchTransport(Messaging, Membership):
         with self._guard():
             dist.barrier(group=self._group)
 
-    def _guard(self) -> contextlib.AbstractContextManager:
-        """A gloo error in a group that may shrink: GroupBroken if a member died."""
-        return guarded(self._shrinking)
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """A gloo error in a group that may shrink: GroupBroken if a member died; a wait
+        past run.timeout with no member dead: PeerStalled, one line."""
+        try:
+            with guarded(self._shrinking):
+                yield
+        except RuntimeError as e:
+            if type(e) is RuntimeError and "timed out" in str(e).lower():
+                raise PeerStalled(self.rank, self._timeout) from None
+            raise
 
     def shrinkable(self) -> None:
         """Collective: from now on a worker's death fails every member's collective at once

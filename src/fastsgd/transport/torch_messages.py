@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fastsgd.transport.base import Handle, PeerLost
+from fastsgd.transport.base import Handle, PeerLost, PeerStalled
 from fastsgd.transport.exchange import TAG as EXCHANGE_TAG
 from fastsgd.transport.exchange import Exchanges
 from fastsgd.transport.frames import frame_bytes
@@ -94,7 +94,10 @@ class Messaging:
             self._exchanges = Exchanges(
                 self._require_messages(), self.rank, self.world_size,
                 lambda src, step: mailbox.take_step(EXCHANGE_TAG, src, step, self._timeout))
-        received, lost = self._exchanges.run(outgoing, sources, like, self._step)
+        try:
+            received, lost = self._exchanges.run(outgoing, sources, like, self._step)
+        except TimeoutError:
+            raise PeerStalled(self.rank, self._timeout) from None
         if lost:
             raise self._lost(PeerLost(lost, received))
         return received
@@ -112,13 +115,18 @@ class Messaging:
         """The messenger's next message. A lost peer: PeerLost for workers that carry on
         without it (carry_on), else it ends this worker (PeerGone, one line), and `fastsgd
         run` or torchrun restart or stop every worker (supervise.py)."""
-        mailbox, timeout = self._require_messages().mailbox, timeout or self._timeout
+        mailbox, own = self._require_messages().mailbox, timeout is None
+        timeout = timeout or self._timeout
         try:
             if step is None or src is None:
                 return mailbox.take_one(tag, timeout, src, self._step)
             return src, mailbox.take_step(tag, src, step, timeout)[1]
         except PeerLost as e:
             raise self._lost(e) from None
+        except TimeoutError:
+            if not own:
+                raise  # the caller's own short wait: it decides
+            raise PeerStalled(self.rank, timeout, src) from None
 
     def _lost(self, error: PeerLost) -> RuntimeError:
         """PeerLost for workers that carry on without the lost (carry_on) or shrink, else
