@@ -91,16 +91,21 @@ def orphans(marker: str) -> list[int]:
     return found
 
 
-def interrupt_once_training(cmd: list[str], out: Path) -> subprocess.CompletedProcess:
-    """Start `cmd` (a run writing to `out`), send it SIGINT once training has started, and
-    check it ends within 5 s; what it printed on stderr and its exit code."""
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+def interrupt_once_training(cmd: list[str], out: Path, sig: int = signal.SIGINT,
+                            group: bool = False) -> subprocess.CompletedProcess:
+    """Start `cmd` (a run writing to `out`), send it `sig` once training has started (to its
+    whole process group, as `timeout` or a closing terminal do, if `group`), and check it
+    ends within 5 s; what it printed on stderr and its exit code."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=group,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 120
     while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # training has started
     began = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert time.monotonic() - began < 5, err[-3000:]
     return subprocess.CompletedProcess(cmd, proc.returncode, "", err)

@@ -4,8 +4,10 @@ that never stopped, bit for bit."""
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -243,12 +245,13 @@ def test_real_asynchronous_strategies_resume_after_kill_9(tmp_path, strategy):
     assert evals[-1]["step"] == 30 and evals[-1]["accuracy"] > 0.7
 
 
-def _ctrl_c(command: str, out: Path, *sets: str) -> int:
-    """Start `fastsgd COMMAND` for ever, send it SIGINT once training has started; check it
+def _ctrl_c(command: str, out: Path, *sets: str, sig: int = signal.SIGINT,
+            group: bool = False) -> int:
+    """Start `fastsgd COMMAND` for ever, send it `sig` once training has started; check it
     stops within 5 s with exit code 130 and one line saying how to resume; the step."""
     args = [a for item in ("run.steps=100000", f"run.out={out}", *sets) for a in ("--set", item)]
     done = interrupt_once_training([sys.executable, "-m", "fastsgd", command, "--quiet", *args],
-                                   out)
+                                   out, sig, group)
     err = done.stderr
     assert done.returncode == 130
     step = checkpoint.steps(out)[-1]
@@ -266,6 +269,36 @@ def _ctrl_c(command: str, out: Path, *sets: str) -> int:
 def test_ctrl_c_stops_every_worker_with_a_checkpoint(tmp_path):
     out = tmp_path / "run"
     _ctrl_c("run", out, "data.name=digits", "model.name=mlp", "run.workers=2")
+    assert not orphans(str(out))
+
+
+# What a scheduler or `timeout` (SIGTERM) and a closing terminal (SIGHUP) send, to the whole
+# process group: the run stops as on Ctrl-C, with a checkpoint, and no worker is left.
+@pytest.mark.multiproc
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_every_worker_with_a_checkpoint(sig, tmp_path):
+    out = tmp_path / "run"
+    _ctrl_c("run", out, "data.name=digits", "model.name=mlp", "run.workers=2", sig=sig,
+            group=True)
+    assert not orphans(str(out))
+
+
+# The launcher killed -9: its workers die with it (they would train on unsupervised).
+@pytest.mark.multiproc
+def test_workers_die_with_a_launcher_killed_by_sigkill(tmp_path):
+    out = tmp_path / "run"
+    args = [a for item in ("run.steps=100000", f"run.out={out}", "data.name=digits",
+                           "model.name=mlp", "run.workers=2") for a in ("--set", item)]
+    proc = subprocess.Popen([sys.executable, "-m", "fastsgd", "run", "--quiet", *args],
+                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while orphans(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not orphans(str(out))
 
 

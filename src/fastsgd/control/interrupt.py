@@ -181,20 +181,27 @@ def simulated(workers: int) -> Iterator[Stop]:
         share(None)
 
 
+# what stops a run as Ctrl-C does: a scheduler's or `timeout`'s SIGTERM, a closed
+# terminal's SIGHUP; the workers ignore them all, and the launcher stops them (forking.py)
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextmanager
-def catching(handler: Any = signal.default_int_handler) -> Iterator[None]:
-    """SIGINT goes to `handler` (by default: KeyboardInterrupt) while inside, in the main
-    thread. Set explicitly because a process started in the background by a shell without
-    job control inherits SIGINT ignored, and Python then leaves it ignored: Ctrl-C sent with
-    kill would do nothing."""
+def catching(handler: Any = signal.default_int_handler,
+             signals: tuple[int, ...] = STOPS) -> Iterator[None]:
+    """`signals` (SIGINT, SIGTERM and SIGHUP) go to `handler` (by default: KeyboardInterrupt)
+    while inside, in the main thread. Set explicitly because a process started in the
+    background by a shell without job control inherits SIGINT ignored, and Python then
+    leaves it ignored: Ctrl-C sent with kill would do nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.signal(signal.SIGINT, handler)
+    before = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, before)
+        for sig, was in before.items():
+            signal.signal(sig, was)
 
 
 @contextmanager

@@ -4,6 +4,7 @@ or what its exit code says."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import multiprocessing as mp
 import os
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastsgd.control.interrupt import DONOR_LOST, Stop, held, share
+from fastsgd.control.interrupt import DONOR_LOST, STOPS, Stop, held, share
 from fastsgd.errors import UserError, WorkerFailed
 from fastsgd.launch.door import GONE, GONE_FAILED
 
@@ -21,6 +22,7 @@ from fastsgd.launch.door import GONE, GONE_FAILED
 # does not fit blocks in put() until the launcher reads it, which it does once the worker
 # has ended: never. 4 kB each leave room for 16 workers (a RecursionError's trace is 100s).
 REPORT_CHARS = 1000, 3000  # the message, the trace
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def forked(processes: list[mp.process.BaseProcess]) -> None:
@@ -54,7 +56,9 @@ def child(fn: Callable[[], object], rank: int, world: int, port: int,
            errors: mp.SimpleQueue, restart: int, stop: Stop, join: str | None = None) -> None:
     """`join`: None, or the run takes new workers in lost ones' places (run.rejoin): "",
     or "STEP:DONOR:SINCE" in such a new worker (SINCE: the step the donor's process joined at)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (interrupt.py)
+    for sig in STOPS:  # Ctrl-C, SIGTERM and SIGHUP are the launcher's (interrupt.py)
+        signal.signal(sig, signal.SIG_IGN)
+    die_with_parent()
     share(stop)
     if join is not None:
         os.environ["FASTSGD_REJOIN"] = "1"  # keep the message port open for joiners
@@ -69,6 +73,18 @@ def child(fn: Callable[[], object], rank: int, world: int, port: int,
                     traceback.format_exc()[-REPORT_CHARS[1]:]))
         os._exit(1)
     os._exit(0)
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the launcher dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG), so that no worker trains on unsupervised; elsewhere a no-op."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher died before the call: nobody would send it
+        os._exit(1)
 
 
 def failure_of(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Exception:

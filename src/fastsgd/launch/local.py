@@ -105,17 +105,13 @@ def _store(port: int, workers: int) -> dist.TCPStore:
 
 
 def _end(procs: list[mp.process.BaseProcess]) -> None:
-    """No worker outlives the launcher: SIGTERM, then SIGKILL for one that lingers (the
-    interpreter would otherwise wait for it at exit)."""
+    """No worker outlives the launcher (the interpreter would otherwise wait for it at
+    exit): SIGKILL, since the workers ignore SIGTERM, which is the launcher's (interrupt.py)."""
     for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        if p.pid is None:
-            continue  # never started
-        p.join(STOP_WITHIN)
         if p.is_alive():
             p.kill()
+    for p in procs:
+        if p.pid is not None:  # else never started
             p.join()
 
 

@@ -3,6 +3,7 @@ every rank agrees on, and Ctrl-C as store_stop.py says."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,8 @@ def train_under_torchrun(config: dict, make_plan: PlanFn) -> tuple[dict[str, Any
     try:
         config = cfg.merged(config, CHOICES, run={"workers": transport.world_size})
         plan = make_plan(config, transport)
-        with interrupt.catching(stop.on_sigint):
+        # SIGINT alone: torchrun's agent stops its workers with SIGTERM (a peer failed)
+        with interrupt.catching(stop.on_sigint, (signal.SIGINT,)):
             summary = train(plan, transport)
         failed = False
         if 0 < stop.stop_at < plan.total_steps(transport.world_size):
