@@ -38,7 +38,14 @@ from fastsgd.loop.results import Result, result_of
 from fastsgd.loop.schedule import check as check_schedule
 from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.records.checkpoint import steps
-from fastsgd.records.rundir import agree, claim, default_out, dropped_if_empty, make_run_folder
+from fastsgd.records.rundir import (
+    agree,
+    claim,
+    default_out,
+    dropped_if_empty,
+    make_run_folder,
+    release,
+)
 from fastsgd.strategies import CHOICES, Strategy, build_strategy, capabilities_of, hook
 from fastsgd.strategies.base import check_codec
 from fastsgd.transport.sim import ComputeModel, Faults, Network
@@ -215,9 +222,11 @@ class Job:
         return cfg.merged(self.config, CHOICES, run={"workers": workers})
 
     def plan(self, config: dict, simulated: bool = False,
-             transport: TorchTransport | None = None) -> Plan:
+             transport: TorchTransport | None = None, writer: bool = True) -> Plan:
         """Resolve everything the workers share (loads the dataset once, before forking);
-        under torchrun, `transport` lets every rank agree on the run directory."""
+        under torchrun, `transport` lets every rank agree on the run directory. The run
+        directory is locked for this run (rundir.hold) unless not `writer`: a worker that
+        joins the run holding it (fastsgd join)."""
         dataset = self._dataset(config)
         # each worker's Shard checks it too, but only once forked: 100000 workers take hours
         Shard(dataset.train_x, dataset.train_y, config["data"]["batch_size"], 0,
@@ -236,7 +245,17 @@ class Job:
                               "what it keeps between steps is not all in its state; set "
                               "run.checkpoint_every = 0")
         make_model = self._model_factory(config, dataset)
-        run_dir = self._run_dir(config, transport)
+        run_dir = self._run_dir(config, transport, writer)
+        try:
+            return self._plan_in(run_dir, config, dataset, make_model, strategy, codec,
+                                 simulated, transport)
+        except BaseException:
+            release(run_dir)  # held by _run_dir; else the run releases it as it ends
+            raise
+
+    def _plan_in(self, run_dir: Path, config: dict, dataset: Dataset,
+                 make_model: Callable[[], torch.nn.Module], strategy: Strategy,
+                 codec: Compressor, simulated: bool, transport: TorchTransport | None) -> Plan:
         config = cfg.merged(config, CHOICES, run={"out": str(run_dir)})
         plan = Plan(config=config, run_dir=run_dir, dataset=dataset, make_model=make_model,
                     make_optimizer=self._optimizer, step=for_data(self._step, dataset),
@@ -251,7 +270,8 @@ class Job:
             (run_dir / "data.json").write_text(json.dumps(dataset.about, indent=1) + "\n")
         return plan
 
-    def _run_dir(self, config: dict, transport: TorchTransport | None) -> Path:
+    def _run_dir(self, config: dict, transport: TorchTransport | None,
+                 writer: bool = True) -> Path:
         out = config["run"]["out"]
         name = ""
         if transport is None or transport.rank == 0:
@@ -259,7 +279,8 @@ class Job:
             # resume with a config: the folder as it is once it holds a checkpoint (else a
             # fresh start clears it); the checkpoints were removed as an old run's files
             resuming = self.resume and (not self._fresh_if_none or bool(steps(Path(out))))
-            name = str(claim(out or default_out(config["strategy"]["name"]), reuse, resuming))
+            name = str(claim(out or default_out(config["strategy"]["name"]), reuse, resuming,
+                             writer))
         if transport is not None and transport.world_size > 1:
             name = agree(name, transport)
             make_run_folder(Path(name), out or name, exist_ok=True)  # each node its own files

@@ -1,13 +1,20 @@
 """The run directory is a contract (DESIGN.md §1): later tools read exactly these fields."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 import fastsgd as fs
 from fastsgd.config import schema as cfg
+from fastsgd.errors import UserError
+from fastsgd.records import checkpoint
 from fastsgd.records.metrics import PHASES
+from fastsgd.records.rundir import claim, hold, release
 from fastsgd.strategies import CHOICES
 
 METRIC_KEYS = {"step", "rank", "time", "loss", *PHASES, "bytes_sent", "bytes_received",
@@ -129,6 +136,7 @@ def test_default_folder_is_strategy_and_time_and_never_reused(tmp_path):
     first = claim(out, reuse=False)
     (first / "config.toml").write_text("")
     (first / "attempts" / "1").mkdir(parents=True)  # a restarted run's cut lines
+    release(first)  # that run ended
     assert claim(out, reuse=False).name == "dpsgd-x-2"
     assert claim(out, reuse=True) == first and not (first / "config.toml").exists()
     assert not (first / "attempts").exists()  # --overwrite: the old run's, gone with it
@@ -187,3 +195,39 @@ def _claim_name(out: str) -> str:
     from fastsgd.records.rundir import claim
 
     return str(claim(out, reuse=False))
+
+
+def test_a_run_directory_has_one_writer_at_a_time(tmp_path):
+    hold(tmp_path)
+    with pytest.raises(UserError, match=rf"^{tmp_path} is in use by a running fastsgd "
+                                        rf"\(process {os.getpid()}\)"):
+        claim(str(tmp_path), reuse=True)  # would have removed the running run's files
+    release(tmp_path)
+    assert claim(str(tmp_path), reuse=False, resume=True) == tmp_path
+    release(tmp_path)
+
+
+@pytest.mark.multiproc
+def test_a_second_writer_of_a_running_run_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    sets = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "run.workers=2",
+            "--set", f"run.out={out}"]
+    cli = [sys.executable, "-m", "fastsgd", "run", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([*cli, *sets, "--set", "run.steps=100000",
+                              "--set", "run.checkpoint_every=50"],
+                             stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not checkpoint.steps(out) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for second in ([*cli, "--resume", str(out)], [*cli, *sets, "--set", "run.steps=5"]):
+            refused = subprocess.run(second, capture_output=True, text=True, env=env, timeout=120)
+            assert refused.returncode == 2
+            assert refused.stderr == (f"fastsgd: error: {out} is in use by a running fastsgd "
+                                      f"(process {first.pid}): wait for it to end or stop it, "
+                                      "or give this run another run.out\n")
+        assert first.poll() is None and (out / "config.toml").exists()  # untouched
+    finally:
+        first.kill()
+        first.wait()

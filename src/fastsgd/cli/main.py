@@ -122,7 +122,7 @@ def _join(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     stop = attach(run_dir)  # fails in one line before the data is loaded for nothing
     job = Job(resume=run_dir, quiet=args.quiet)
-    plan = job.plan(job.config)  # ready before it knocks: a standby joins at once
+    plan = job.plan(job.config, writer=False)  # before it knocks: a standby joins at once
 
     def say(text: str) -> None:
         print(f"fastsgd join: {text}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ the other ranks follow, so every node writes to the same path.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import shutil
@@ -35,6 +36,7 @@ DOOR = ".door"  # while a run with run.join runs: its launcher's shared state (d
 # claiming a folder made by hand, only one gets it (a folder is taken before any file of
 # the run is written in it)
 CLAIMED = ".claimed"
+_HELD: dict[Path, int] = {}  # run directories this process holds (hold): their locks' fds
 RUN_FILES = (CLAIMED, DOOR, "config.toml", "environment.json", "metrics.jsonl", "eval.jsonl",
              "summary.json", "model.pt")
 _NAME_BYTES = 4096
@@ -45,30 +47,35 @@ def default_out(strategy: str, when: float | None = None) -> str:
     return f"runs/{strategy}-{stamp}"
 
 
-def claim(out: str, reuse: bool, resume: bool = False) -> Path:
+def claim(out: str, reuse: bool, resume: bool = False, writer: bool = True) -> Path:
     """The run directory for `out`, created: `out` itself if it holds no run or `reuse` is
     set (its old run's files and checkpoints are then removed), else the first free `out-K`.
     `resume`: `out` as it is, which must exist; `reuse` and `resume` both: `out` as it is,
-    created if need be."""
+    created if need be. This process then holds it (`hold`), unless it resumes as no
+    `writer`: a worker that joins the run holding it (fastsgd join)."""
     path = Path(out)
     if resume and not reuse:
         if not path.is_dir():
             raise UserError(f"cannot resume {path}: no such run directory")
+        if writer:  # else a worker joining the run that holds it (fastsgd join)
+            hold(path)
         return path
     if reuse and resume:
         make_run_folder(path, out, exist_ok=True)
-        (path / CLAIMED).touch()
+        if writer:
+            hold(path)
         return path
     if reuse:
         make_run_folder(path, out, exist_ok=True)
+        hold(path)  # before anything of the run that may be writing there is removed
         for name in RUN_FILES:
-            (path / name).unlink(missing_ok=True)
+            if name != CLAIMED:
+                (path / name).unlink(missing_ok=True)
         shutil.rmtree(path / "checkpoints", ignore_errors=True)
         shutil.rmtree(path / "report", ignore_errors=True)
         shutil.rmtree(path / "attempts", ignore_errors=True)
         for events in path.glob(f"{EVENTS_PREFIX}*{EVENTS_SUFFIX}"):
             events.unlink()
-        (path / CLAIMED).touch()
         return path
     for k in count(1):
         candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")
@@ -78,8 +85,34 @@ def claim(out: str, reuse: bool, resume: bool = False) -> Path:
             if not candidate.is_dir() or holds_run(candidate):  # it is empty, made by hand
                 continue
         if _claimed(candidate):
+            hold(candidate)
             return candidate
     raise AssertionError("unreachable")
+
+
+def hold(path: Path) -> None:
+    """Lock the run directory `path` for this run (flock on its CLAIMED file, which holds the
+    writer's pid; forked workers keep it while they live), until `release` or the end of
+    this process: a second writer (a resume, or a run with the same run.out, while it runs)
+    is refused in one line naming the holder."""
+    fd = os.open(path / CLAIMED, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UserError(f"{path} is in use by a running fastsgd (process {holder}): wait for "
+                        "it to end or stop it, or give this run another run.out") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[path.resolve()] = fd
+
+
+def release(path: Path) -> None:
+    """Unlock the run directory `path` (see `hold`); nothing if this process does not hold it."""
+    fd = _HELD.pop(path.resolve(), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _claimed(folder: Path) -> bool:
@@ -109,7 +142,7 @@ def make_run_folder(path: Path, out: str, exist_ok: bool = False) -> None:
 def dropped_if_empty(path: Path, named_by_us: bool) -> Iterator[None]:
     """A run that fails before it wrote anything (bad input found by a worker, say) leaves
     no empty folder behind, if fastsgd named it (runs/STRATEGY-TIME); a folder the user
-    named stays."""
+    named stays. Either way the run's lock on it is released at the end."""
     try:
         yield
     except BaseException:
@@ -117,6 +150,8 @@ def dropped_if_empty(path: Path, named_by_us: bool) -> Iterator[None]:
             (path / CLAIMED).unlink(missing_ok=True)
             path.rmdir()
         raise
+    finally:
+        release(path)
 
 
 def holds_run(path: Path) -> bool:
