@@ -111,6 +111,8 @@ class Job:
                 raw.setdefault(section, {}).update(values)
         _packed_defaults(raw)
         self.config = cfg.validate(raw, CHOICES)
+        if resume is not None:
+            _check_unchanged(Path(resume), self.config)
         self._resolve(given)
         self.quiet, self.overwrite, self.resume = quiet, overwrite, resume is not None
         # as `fastsgd run` ends: RUN_DIR/report/ and the summary printed (unless quiet)
@@ -263,8 +265,11 @@ class Job:
                     strategy=strategy, compressor=codec, simulated=simulated,
                     progress=not self.quiet, resume=self.resume,
                     fresh_if_none=self._fresh_if_none)
+        total = plan.total_steps(config["run"]["workers"])
+        if self.resume:
+            _check_not_finished(run_dir, total)
         # what each worker refuses at its start, once here before any is forked
-        check_schedule(config["optimizer"], plan.total_steps(config["run"]["workers"]))
+        check_schedule(config["optimizer"], total)
         check_precision(config["run"]["precision"], simulated or not torch.cuda.is_available())
         if dataset.about and (transport is None or transport.rank == 0):
             (run_dir / "data.json").write_text(json.dumps(dataset.about, indent=1) + "\n")
@@ -331,6 +336,38 @@ def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Pat
     if not path.is_file():
         raise UserError(f"cannot resume {run_dir}: no config.toml there (not a run directory)")
     return path
+
+
+# what a resume may not change: the run would no longer be one run (another data order,
+# batch, exchange); steps, evaluation, checkpoints, timeouts and the optimizer's rates may
+FIXED_ON_RESUME = ("run.seed", "run.accumulate", "data.", "strategy.", "compression.")
+
+
+def _check_unchanged(run_dir: Path, config: dict) -> None:
+    """A resume of a run with checkpoints keeps what makes it the same run; else one line."""
+    recorded = run_dir / "config.toml"
+    if not steps(run_dir) or not recorded.is_file():
+        return
+    before = cfg.validate(cfg.read_toml(recorded), CHOICES)
+    for section, values in config.items():
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            old = before.get(section, {}).get(key, value)
+            if old != value and any(name.startswith(f) for f in FIXED_ON_RESUME):
+                raise UserError(f"cannot resume {run_dir} with {name} = {value!r}: it was "
+                                f"trained with {old!r}, and a run must keep its {name}; "
+                                "resume with that, or start a new run")
+
+
+def _check_not_finished(run_dir: Path, total: int) -> None:
+    """A run that ended has nothing to resume unless it is asked for more steps."""
+    try:
+        done = json.loads((run_dir / "summary.json").read_text())["steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not finished (or its summary is not ours to judge)
+    if isinstance(done, int) and done >= total:
+        raise UserError(f"{run_dir} has finished: its {done} steps are done; to train on, "
+                        f"resume with more (--set run.steps={done * 2}, say)")
 
 
 def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:

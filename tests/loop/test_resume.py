@@ -125,3 +125,21 @@ def test_a_run_that_shrank_resumes_with_all_its_workers_and_only_with_them(tmp_p
     with pytest.raises(UserError, match=re.escape("are of 3 workers but torchrun started 4; "
                                                   "resume with 3 workers")):
         _agree(tmp_path, 4)
+
+
+@pytest.mark.parametrize("key,value,was", [("run.seed", 7, "0"), ("data.batch_size", 64, "32"),
+                                           ("strategy.name", "dpsgd", "'allreduce'")])
+def test_a_resume_that_would_change_what_the_run_is_is_one_line(run, key, value, was):
+    with pytest.raises(UserError) as info:
+        fs.Job(resume=run, quiet=True, options={"run.steps": 6, key: value})
+    assert str(info.value) == (f"cannot resume {run} with {key} = {value!r}: it was trained "
+                               f"with {was}, and a run must keep its {key}; resume with that, "
+                               "or start a new run")
+
+
+def test_a_finished_run_says_so_instead_of_training_its_last_steps_again(run):
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(UserError, match=rf"^{run} has finished: its 4 steps are done; to train "
+                                        r"on, resume with more \(--set run.steps=8, say\)$"):
+        fs.Job(resume=run, quiet=True).simulate()
+    assert (run / "metrics.jsonl").read_text() == before
