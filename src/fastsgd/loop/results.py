@@ -15,7 +15,7 @@ from fastsgd.control import interrupt
 from fastsgd.loop.context import LoopContext
 from fastsgd.loop.evaluate import evaluate
 from fastsgd.loop.observe import METRICS, Target
-from fastsgd.records.metrics import loss_metrics, read_jsonl, write_json
+from fastsgd.records.metrics import loss_metrics, read_jsonl, write_atomically, write_json
 
 
 def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
@@ -47,7 +47,8 @@ def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
     # in the simulator, all have handed in: totals waited; a leader that took over after
     # the last evaluation has its own replica (the run ended averaged, or on its own)
     model = ctx.log.model[1] or ctx.model
-    torch.save(model.state_dict(), ctx.plan.run_dir / "model.pt")
+    state = model.state_dict()
+    write_atomically(ctx.plan.run_dir / "model.pt", lambda f: torch.save(state, f))
     written = summary(ctx, training_wall, end, totals.tolist())
     write_json(ctx.plan.run_dir / "summary.json", written)
     if ctx.plan.config["run"]["tensorboard"]:  # from the metrics every worker flushed

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from fastsgd.errors import UserError
 
 PHASES = ("io", "h2d", "forward", "backward", "aggregation", "update")
 BYTES = "text"  # the dataset kind whose tokens are bytes: its loss reads as bits per byte
@@ -51,11 +55,18 @@ class JsonLines:
     def flush(self) -> None:
         if not self._lines:
             return
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        data = "".join(self._lines).encode()
         try:
-            os.write(fd, "".join(self._lines).encode())
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                written = os.write(fd, data)
+                if written < len(data):  # a full disk mid-write: no torn line stays
+                    os.ftruncate(fd, os.fstat(fd).st_size - written)
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise cannot_write(self.path, e) from None
         self._lines = []
 
 
@@ -66,6 +77,26 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically: a reader never sees half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """`write` into a temporary file beside `path`, on disk (fsync), then renamed over it: a
+    crash or a full disk leaves the old file or none, never a torn one; one line naming
+    the file if it cannot be written."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise cannot_write(path, e) from None
+
+
+def cannot_write(path: Path, error: OSError) -> UserError:
+    """A run file that cannot be written (a full disk, a read-only folder), in one line."""
+    return UserError(f"cannot write {path}: {error.strerror or error}; the run's "
+                     "checkpoints, if any, are kept (fastsgd run --resume)")
