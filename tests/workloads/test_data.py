@@ -49,6 +49,16 @@ def test_load_idx_errors(tmp_path: Path) -> None:
         load_dataset("idx", path=str(folder))
 
 
+def test_a_label_byte_far_outside_the_others_is_named(tmp_path: Path) -> None:
+    folder = make_idx_folder(tmp_path / "mini", gz=False)
+    labels = (np.arange(40) % 3).astype(np.uint8)
+    labels[17] = 200  # one flipped byte: not a 201-class dataset
+    write_idx(folder / "train-labels-idx1-ubyte", labels, False)
+    with pytest.raises(UserError, match=r"train-labels-idx1-ubyte: label 200 \(at index 17\) is "
+                                        r"far outside the others \(0 to 2\)"):
+        load_dataset("idx", path=str(folder))
+
+
 def test_missing_fashion_mnist(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="apt-get install dataset-fashion-mnist") as info:
         load_dataset("fashion_mnist", path=str(tmp_path / "empty"))

@@ -91,7 +91,19 @@ def load_idx_split(images: Path, labels: Path) -> tuple[Tensor, Tensor]:
         raise UserError(f"{images} has {len(x)} images but {labels} has {len(y)} labels")
     if len(y) == 0 or y.min() < 0:
         raise UserError(f"IDX labels {labels} are empty or negative")
+    _check_no_stray_label(y, labels)
     return torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y.astype(np.int64))
+
+
+def _check_no_stray_label(y: np.ndarray, labels: Path) -> None:
+    """A label far above all the others (more than twice the next) is a damaged byte, not a
+    class: it would make the model as many classes wide, silently."""
+    values = np.unique(y)
+    if len(values) >= 2 and values[-1] > 2 * values[-2] + 1:
+        where = int(np.flatnonzero(y == values[-1])[0])
+        raise UserError(f"IDX labels {labels}: label {values[-1]} (at index {where}) is far "
+                        f"outside the others (0 to {values[-2]}): a damaged file? labels "
+                        "number the classes from 0 without gaps")
 
 
 Split = tuple[Tensor, Tensor]
