@@ -162,3 +162,15 @@ def test_the_api_ends_a_run_as_the_cli_does_with_its_report_and_summary(quiet, t
     out = capsys.readouterr().out
     assert (result.run_dir / "report" / "report.html").exists() is not quiet
     assert ("test accuracy" in out and out.rstrip().endswith(str(result.run_dir))) is not quiet
+
+
+def test_a_config_files_relative_paths_name_files_beside_it(tmp_path, monkeypatch):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "job.toml").write_text(
+        '[data]\nname = "text"\npath = "corpus:/abs/other"\n[compute]\ntrace = "t.csv"\n')
+    monkeypatch.chdir(tmp_path)
+    job = Job(config=tmp_path / "job" / "job.toml", quiet=True)
+    assert job.config["data"]["path"] == f"{tmp_path / 'job' / 'corpus'}:/abs/other"
+    assert job.config["compute"]["trace"] == str(tmp_path / "job" / "t.csv")
+    given = Job(options={"data.path": "here"}, quiet=True)  # the working directory's
+    assert given.config["data"]["path"] == str(tmp_path / "here")

@@ -14,6 +14,7 @@ from fastsgd import pack
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.config import schema as cfg
 from fastsgd.config.objects import described, is_import_path, resolve
+from fastsgd.config.schema import paths_from
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks import brings_its_step, model_loss_step
 from fastsgd.frameworks.base import NO_DDP
@@ -91,9 +92,13 @@ class Job:
             config, options = pack.archive_config(config, options or {})
         source = str(config) if isinstance(config, (str, Path)) else ""
         raw = cfg.read_toml(Path(config)) if isinstance(config, (str, Path)) else (config or {})
+        # relative paths: a config file's from its folder, the others' from here; recorded
+        # absolute, so that config.toml (and a resume) reads the same files from anywhere
+        paths_from(raw, Path(source).resolve().parent if source else Path.cwd())
         chosen = {f"{s}.name": a for s, a in (("strategy", strategy), ("compression", compressor))
                   if isinstance(a, str)}  # a name given here picks a strategy as options do
-        raw = cfg.with_options(raw, {**(options or {}), **chosen}, CHOICES, source)
+        options = _absolute({**(options or {}), **chosen})
+        raw = cfg.with_options(raw, options, CHOICES, source)
         if is_torch_dataset(data):
             data = from_torch(data)
         elif not isinstance(data, str | Dataset | None):  # never the default in its place
@@ -341,6 +346,17 @@ def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Pat
 # what a resume may not change: the run would no longer be one run (another data order,
 # batch, exchange); steps, evaluation, checkpoints, timeouts and the optimizer's rates may
 FIXED_ON_RESUME = ("run.seed", "run.accumulate", "data.", "strategy.", "compression.")
+
+
+def _absolute(options: dict[str, Any]) -> dict[str, Any]:
+    """Options' relative data.path and compute.trace, from the working directory."""
+    raw: dict[str, dict] = {}
+    for key in ("data.path", "compute.trace"):
+        if isinstance(options.get(key), str):
+            section, name = key.split(".")
+            raw[section] = {name: options[key]}
+    paths_from(raw, Path.cwd())
+    return {**options, **{f"{s}.{k}": v for s, values in raw.items() for k, v in values.items()}}
 
 
 def _check_unchanged(run_dir: Path, config: dict) -> None:

@@ -86,11 +86,29 @@ def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     base = cfg.tables(spec.get("base", {}), f"{path} [base]")  # before an axis merges into it
+    folder = Path(path).resolve().parent  # the files a spec names are beside it
+    cfg.paths_from(base, folder)
     axes = spec.get("axes", {})
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"axes.{key}: give a non-empty list of values, e.g. [1, 2]")
+        axes[key] = [_paths_beside(key, value, folder) for value in values]
     return mode, base, axes
+
+
+def _paths_beside(key: str, value: Any, folder: Path) -> Any:
+    """An axis value's relative data.path or compute.trace, from the spec's `folder`."""
+    section, _, name = key.partition(".")
+    if name:
+        raw = {section: {name: value}}
+    elif isinstance(value, dict) and key in cfg.SCHEMA:
+        raw = {section: dict(value)}
+    elif isinstance(value, dict):  # a joint axis: sections
+        raw = {s: dict(v) if isinstance(v, dict) else v for s, v in value.items()}
+    else:
+        return value
+    cfg.paths_from(raw, folder)
+    return raw[section][name] if name else raw[section] if key in cfg.SCHEMA else raw
 
 
 def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[Cell]:

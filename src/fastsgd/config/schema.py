@@ -346,3 +346,16 @@ def describe_keys(choices: Choices) -> str:
     """Every section and key with its type, default and meaning (`fastsgd keys`), and the
     options of each strategy and codec."""
     return describe(SCHEMA, dict(choices))
+
+
+PATHS = (("data", "path"), ("compute", "trace"))  # files a configuration names
+
+
+def paths_from(raw: dict, folder: Path) -> None:
+    """Make the relative files `raw` names (data.path, each of its `:`-separated parts, and
+    compute.trace) absolute, from `folder`: a config file's own, else the working one."""
+    for section, key in PATHS:
+        values = raw.get(section)
+        if isinstance(values, dict) and isinstance(values.get(key), str) and values[key]:
+            values[key] = ":".join(str(folder / part) if part else part
+                                   for part in values[key].split(":"))
