@@ -1,5 +1,7 @@
 """Synchronous all-reduce over N workers with batch b equals one worker with batch N*b."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -73,3 +75,39 @@ def test_buckets_are_sent_while_backward_runs(synthetic):
 
     for in_flight in simulate(2, worker):
         assert len(in_flight) >= 2 and all(in_flight)
+
+
+def _accumulated(synthetic, in_no_sync: bool):
+    """Two micro-batches of 8 per worker in one's own loop, then one sync: each worker's
+    gradient, and the reference (one process, both workers' 32 samples)."""
+    from fastsgd.transport.sim import simulate
+
+    def worker(t):
+        torch.manual_seed(0)
+        model = fs.models.build_model("mlp", synthetic.input_shape, synthetic.num_classes)
+        replica = fs.Replica(model, t, fs.AllReduce(bucket_mb=0.1))
+        for k in range(2):
+            lo = 16 * t.rank + 8 * k
+            x, y = synthetic.train_x[lo:lo + 8], synthetic.train_y[lo:lo + 8]
+            with replica.no_sync() if in_no_sync and k == 0 else contextlib.nullcontext():
+                (torch.nn.functional.cross_entropy(model(x), y) / 2).backward()
+        replica.sync_gradients()
+        return [p.grad.clone() for p in model.parameters()]
+
+    return simulate(2, worker)
+
+
+def test_accumulating_in_no_sync_equals_the_whole_batch(synthetic):
+    torch.manual_seed(0)
+    model = fs.models.build_model("mlp", synthetic.input_shape, synthetic.num_classes)
+    torch.nn.functional.cross_entropy(model(synthetic.train_x[:32]),
+                                      synthetic.train_y[:32]).backward()
+    for grads in _accumulated(synthetic, in_no_sync=True):
+        assert max(float((g - p.grad).abs().max())
+                   for g, p in zip(grads, model.parameters())) < 1e-6
+
+
+def test_a_second_backward_outside_no_sync_is_one_line(synthetic):
+    with pytest.raises(fs.UserError, match=r"^a second backward before sync_gradients: .*"
+                                           r"`with replica.no_sync\(\):`"):
+        _accumulated(synthetic, in_no_sync=False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -89,6 +90,12 @@ class Replica:
         with torch.no_grad():
             for t in [*self.model.parameters(), *self.model.buffers()]:
                 self.transport.broadcast(t.data, src)
+
+    def no_sync(self) -> AbstractContextManager[object]:
+        """Backward passes inside only add up their gradients (as torch DDP's no_sync): run
+        every micro-batch but the last in it, then sync_gradients once."""
+        no_sync = getattr(self.strategy, "no_sync", None)
+        return no_sync() if callable(no_sync) else nullcontext()
 
     def sync_gradients(self) -> None:
         """Between backward and the optimizer step."""

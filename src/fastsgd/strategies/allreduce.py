@@ -26,6 +26,7 @@ import torch
 from fastsgd.compress.base import KINDS
 from fastsgd.compress.collectives import all_reduce_means, init_all_reduce, unsent
 from fastsgd.config.options import Option, one_of, positive
+from fastsgd.errors import UserError
 from fastsgd.strategies.base import Context, StrategyBase
 from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.correction import MODES, corrects
@@ -79,6 +80,11 @@ class _Bucket:
         self.set_grads(mean)
         self.flat, self.handle, self.pending = None, None, len(self.params)
         return mean
+
+
+SECOND_BACKWARD = ("a second backward before sync_gradients: allreduce sent the first one's "
+                   "gradients during it (strategy.overlap); accumulate micro-batches under "
+                   "`with replica.no_sync():` (all but the last), as with torch's DDP")
 
 
 class AllReduce(StrategyBase):
@@ -149,6 +155,8 @@ class AllReduce(StrategyBase):
     def _ready(self, bucket: _Bucket, ctx: Context) -> None:
         if self._quiet:
             return
+        if bucket.handle is not None:  # its gradients left in an earlier backward
+            raise UserError(SECOND_BACKWARD)
         bucket.pending -= 1
         if bucket.pending == 0:
             bucket.launch(ctx)
