@@ -58,6 +58,8 @@ def resume(job: TinyJob) -> None:
     for step in checkpoint.steps(resumed):  # as if it had stopped right after step `half`
         if step > half:
             shutil.rmtree(checkpoint.step_dir(resumed, step))
+    for name in ("summary.json", "model.pt"):  # what only a finished run has
+        (resumed / name).unlink()
     job.resume("resumed").simulate()
     a, b = parameters(straight), parameters(resumed)
     if not bitwise_equal(a, b):
