@@ -376,12 +376,14 @@ def _check_unchanged(run_dir: Path, config: dict) -> None:
 
 
 def _check_not_finished(run_dir: Path, total: int) -> None:
-    """A run that ended has nothing to resume unless it is asked for more steps."""
+    """A run that ended has nothing to resume unless it is asked for more steps. (One whose
+    last checkpoint is its end is told so by the workers, resume.py; this is one that would
+    train its last steps again from an earlier checkpoint.)"""
     try:
         done = json.loads((run_dir / "summary.json").read_text())["steps"]
     except (OSError, ValueError, KeyError, TypeError):
         return  # not finished (or its summary is not ours to judge)
-    if isinstance(done, int) and done >= total:
+    if isinstance(done, int) and done >= total and max(steps(run_dir), default=0) < total:
         raise UserError(f"{run_dir} has finished: its {done} steps are done; to train on, "
                         f"resume with more (--set run.steps={done * 2}, say)")
 

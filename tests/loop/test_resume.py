@@ -138,6 +138,10 @@ def test_a_resume_that_would_change_what_the_run_is_is_one_line(run, key, value,
 
 
 def test_a_finished_run_says_so_instead_of_training_its_last_steps_again(run):
+    """Its newest checkpoint before its end: a Ctrl-C's at step 2 in a run without
+    run.checkpoint_every, which was resumed and ran to its end (a run whose last checkpoint
+    is its end is told so by its workers: test_checkpoint.py)."""
+    shutil.rmtree(checkpoint.step_dir(run, 4))
     before = (run / "metrics.jsonl").read_text()
     with pytest.raises(UserError, match=rf"^{run} has finished: its 4 steps are done; to train "
                                         r"on, resume with more \(--set run.steps=8, say\)$"):
