@@ -39,6 +39,7 @@ from fastsgd.loop.results import Result, result_of
 from fastsgd.loop.schedule import check as check_schedule
 from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.records.checkpoint import steps
+from fastsgd.records.resumable import check_not_finished, check_unchanged
 from fastsgd.records.rundir import (
     agree,
     claim,
@@ -97,7 +98,7 @@ class Job:
         paths_from(raw, Path(source).resolve().parent if source else Path.cwd())
         chosen = {f"{s}.name": a for s, a in (("strategy", strategy), ("compression", compressor))
                   if isinstance(a, str)}  # a name given here picks a strategy as options do
-        options = _absolute({**(options or {}), **chosen})
+        options = cfg.absolute_options({**(options or {}), **chosen})
         raw = cfg.with_options(raw, options, CHOICES, source)
         if is_torch_dataset(data):
             data = from_torch(data)
@@ -117,7 +118,7 @@ class Job:
         _packed_defaults(raw)
         self.config = cfg.validate(raw, CHOICES)
         if resume is not None:
-            _check_unchanged(Path(resume), self.config)
+            check_unchanged(Path(resume), self.config)
         self._resolve(given)
         self.quiet, self.overwrite, self.resume = quiet, overwrite, resume is not None
         # as `fastsgd run` ends: RUN_DIR/report/ and the summary printed (unless quiet)
@@ -272,7 +273,7 @@ class Job:
                     fresh_if_none=self._fresh_if_none)
         total = plan.total_steps(config["run"]["workers"])
         if self.resume:
-            _check_not_finished(run_dir, total)
+            check_not_finished(run_dir, total)
         # what each worker refuses at its start, once here before any is forked
         check_schedule(config["optimizer"], total)
         check_precision(config["run"]["precision"], simulated or not torch.cuda.is_available())
@@ -341,51 +342,6 @@ def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Pat
     if not path.is_file():
         raise UserError(f"cannot resume {run_dir}: no config.toml there (not a run directory)")
     return path
-
-
-# what a resume may not change: the run would no longer be one run (another data order,
-# batch, exchange); steps, evaluation, checkpoints, timeouts and the optimizer's rates may
-FIXED_ON_RESUME = ("run.seed", "run.accumulate", "data.", "strategy.", "compression.")
-
-
-def _absolute(options: dict[str, Any]) -> dict[str, Any]:
-    """Options' relative data.path and compute.trace, from the working directory."""
-    raw: dict[str, dict] = {}
-    for key in ("data.path", "compute.trace"):
-        if isinstance(options.get(key), str):
-            section, name = key.split(".")
-            raw[section] = {name: options[key]}
-    paths_from(raw, Path.cwd())
-    return {**options, **{f"{s}.{k}": v for s, values in raw.items() for k, v in values.items()}}
-
-
-def _check_unchanged(run_dir: Path, config: dict) -> None:
-    """A resume of a run with checkpoints keeps what makes it the same run; else one line."""
-    recorded = run_dir / "config.toml"
-    if not steps(run_dir) or not recorded.is_file():
-        return
-    before = cfg.validate(cfg.read_toml(recorded), CHOICES)
-    for section, values in config.items():
-        for key, value in values.items():
-            name = f"{section}.{key}"
-            old = before.get(section, {}).get(key, value)
-            if old != value and any(name.startswith(f) for f in FIXED_ON_RESUME):
-                raise UserError(f"cannot resume {run_dir} with {name} = {value!r}: it was "
-                                f"trained with {old!r}, and a run must keep its {name}; "
-                                "resume with that, or start a new run")
-
-
-def _check_not_finished(run_dir: Path, total: int) -> None:
-    """A run that ended has nothing to resume unless it is asked for more steps. (One whose
-    last checkpoint is its end is told so by the workers, resume.py; this is one that would
-    train its last steps again from an earlier checkpoint.)"""
-    try:
-        done = json.loads((run_dir / "summary.json").read_text())["steps"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # not finished (or its summary is not ours to judge)
-    if isinstance(done, int) and done >= total and max(steps(run_dir), default=0) < total:
-        raise UserError(f"{run_dir} has finished: its {done} steps are done; to train on, "
-                        f"resume with more (--set run.steps={done * 2}, say)")
 
 
 def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:

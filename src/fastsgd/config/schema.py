@@ -359,3 +359,14 @@ def paths_from(raw: dict, folder: Path) -> None:
         if isinstance(values, dict) and isinstance(values.get(key), str) and values[key]:
             values[key] = ":".join(str(folder / part) if part else part
                                    for part in values[key].split(":"))
+
+
+def absolute_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Options' relative data.path and compute.trace, from the working directory."""
+    raw: dict[str, dict] = {}
+    for key in ("data.path", "compute.trace"):
+        if isinstance(options.get(key), str):
+            section, name = key.split(".")
+            raw[section] = {name: options[key]}
+    paths_from(raw, Path.cwd())
+    return {**options, **{f"{s}.{k}": v for s, values in raw.items() for k, v in values.items()}}
