@@ -24,15 +24,14 @@ from fastsgd.launch.simulate import check_faults, prepared, simulate_plan
 from fastsgd.launch.supervise import supervise
 from fastsgd.launch.torchrun import NO_JOIN, train_under_torchrun
 from fastsgd.loop.components import (
-    OptimizerFn,
     function_argument,
     function_from_config,
     model_argument,
     model_factory,
-    optimizer_from_config,
     record,
 )
 from fastsgd.loop.language import for_data, gpt_factory
+from fastsgd.loop.optimizers import OptimizerFn, optimizer_from_config
 from fastsgd.loop.plan import EvalFn, Plan, StepFn, evaluate_classifier
 from fastsgd.loop.precision import check_precision
 from fastsgd.loop.results import Result, result_of

@@ -14,9 +14,10 @@ import importlib
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from fastsgd.errors import ConfigError
+from fastsgd.errors import ConfigError, UserError
 
 # What an import path under each key must name (a module or a constant never is), and the
 # methods of a class there (a plugin: its registry's contract names what one lacks, in one
@@ -122,3 +123,14 @@ def not_rebuildable(value: str) -> str | None:
     if module == "__main__":
         return "it was defined in the script that was run (__main__); move it into a module"
     return None
+
+
+def check_arguments(fn: Callable[..., Any], arguments: int, message: str,
+                    error: type[UserError] = UserError) -> None:
+    """`error(message)` unless `fn` can be called with `arguments` positional arguments."""
+    try:
+        inspect.signature(fn).bind(*[None] * arguments)
+    except TypeError:
+        raise error(message) from None
+    except ValueError:
+        pass  # no signature to read (some built-ins): it is called as it is
