@@ -174,3 +174,23 @@ def test_a_config_files_relative_paths_name_files_beside_it(tmp_path, monkeypatc
     assert job.config["compute"]["trace"] == str(tmp_path / "job" / "t.csv")
     given = Job(options={"data.path": "here"}, quiet=True)  # the working directory's
     assert given.config["data"]["path"] == str(tmp_path / "here")
+
+
+@pytest.mark.parametrize("settings,key", [
+    ({"strategy.name": "diloco"}, "strategy.period = 500"),  # the paper's H
+    ({"strategy.name": "localsgd", "strategy.period": 3}, "strategy.period = 3"),
+    ({"compression.name": "dgc", "compression.warmup_steps": 5}, "compression.warmup_steps = 5")])
+def test_a_step_count_that_reaches_the_runs_end_is_named_at_the_start(settings, key, tmp_path,
+                                                                        capfd):
+    Job(options={**SMALL, **settings, "run.out": str(tmp_path / "run")}, quiet=True).simulate()
+    said = [line for line in capfd.readouterr().err.splitlines() if "not below" in line]
+    assert len(said) == 1 and said[0].startswith(f"fastsgd: {key} is not below the run's 3 "
+                                                 "steps (")
+    assert said[0].endswith("): what it paces happens only at the end or not at all; set it "
+                            "below 3, or train longer")
+
+
+def test_a_step_count_within_the_run_says_nothing(tmp_path, capfd):
+    Job(options={**SMALL, "strategy.name": "localsgd", "strategy.period": 2,
+                 "run.out": str(tmp_path / "run")}, quiet=True).simulate()
+    assert "not below" not in capfd.readouterr().err

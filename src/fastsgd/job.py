@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from fastsgd import pack
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.config import schema as cfg
 from fastsgd.config.objects import described, is_import_path, resolve
+from fastsgd.config.options import reaching_past
 from fastsgd.config.schema import paths_from
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks import brings_its_step, model_loss_step
@@ -276,7 +278,12 @@ class Job:
         # what each worker refuses at its start, once here before any is forked
         check_schedule(config["optimizer"], total)
         check_precision(config["run"]["precision"], simulated or not torch.cuda.is_available())
-        if dataset.about and (transport is None or transport.rank == 0):
+        leader = transport is None or transport.rank == 0
+        for section, obj in (("strategy", strategy), ("compression", codec)) if leader else ():
+            for line in reaching_past(section, getattr(obj, "OPTIONS", {}),
+                                      getattr(obj, "options", {}), total):
+                print(f"fastsgd: {line}", file=sys.stderr, flush=True)
+        if dataset.about and leader:
             (run_dir / "data.json").write_text(json.dumps(dataset.about, indent=1) + "\n")
         return plan
 

@@ -13,9 +13,9 @@ from fastsgd.testing import check_codec, check_strategy
 # ddp: real processes only (its suite: a real run that ends cleanly)
 REAL_EQUALS_SIMULATED = {"allreduce", "bmuf", "diloco", "dpsgd", "easgd", "localsgd", "ltfb",
                          "ssp"}
-# qsgd and randomk draw from torch's global generator: one per process on real workers, one
-# shared by every simulated worker, so the draws differ
-CODECS_REAL_EQUALS_SIMULATED = set(CODECS) - {"qsgd", "randomk"}
+# every codec, those that draw random numbers too: a simulated worker draws from its own
+# stream, as a process does (transport/sim/scheduler.py)
+CODECS_REAL_EQUALS_SIMULATED = set(CODECS)
 
 
 def _cases(names, real):

@@ -119,7 +119,7 @@ class DGC(Codec):
                                   "(0: the optimizer's, which allreduce's momentum correction "
                                   "compresses)"),
                "clip": Option(float, 0.0, at_least(0), "local gradient norm clip (0: off)"),
-               "warmup_steps": Option(int, 0, at_least(0), "steps of sparsity warm-up")}
+               "warmup_steps": Option(int, 0, at_least(0), "steps of sparsity warm-up", steps=True)}
     START_DENSITY = 0.25  # Lin et al.: 75% sparsity in the first warm-up epoch
 
     def __init__(self, ratio: float = 0.001, momentum: float = 0.0, clip: float = 0.0,

@@ -24,13 +24,16 @@ class Option:
     - `default`: the value where the config says nothing (it must pass `check` itself);
     - `check`: None, or a function of the value returning None where it is fine and else
       what is wrong, e.g. "must be > 0" (`positive`, `at_least`, `between`, `one_of`);
-    - `doc`: one line, what `fastsgd keys` prints beside the key.
+    - `doc`: one line, what `fastsgd keys` prints beside the key;
+    - `steps`: the value counts training steps (a period, a warm-up): a run that is not
+      longer says so at its start (`reaching_past`).
     """
 
     type: type
     default: Any
     check: Check | None = None
     doc: str = ""
+    steps: bool = False
 
     def with_default(self, default: Any) -> Option:
         return replace(self, default=default)
@@ -50,6 +53,17 @@ class Option:
         """`key`'s line in `fastsgd keys`: its type, default and meaning."""
         default = toml_value(self.default)
         return f"  {key:<19} {self.type.__name__:<5} {default:<16} {self.doc}".rstrip()
+
+
+def reaching_past(section: str, schema: dict[str, Option], options: dict[str, Any],
+                  total: int) -> list[str]:
+    """One line for each step-count option (`Option.steps`) whose value reaches the end of a
+    run of `total` steps: what it paces happens only at the end, or never (issue 51, C)."""
+    return [f"{section}.{key} = {options[key]} is not below the run's {total} steps "
+            f"({option.doc}): what it paces happens only at the end or not at all; set it "
+            f"below {total}, or train longer"
+            for key, option in schema.items()
+            if option.steps and isinstance(options.get(key), int) and options[key] >= total]
 
 
 INT64 = 2 ** 63  # TOML's integers are 64-bit; torch's seeds and counters are too

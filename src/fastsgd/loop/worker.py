@@ -33,11 +33,19 @@ from fastsgd.strategies.params import all_finite
 from fastsgd.transport.base import GroupBroken, Transport
 
 
+def worker_seed(seed: int, rank: int) -> int:
+    """The seed of worker `rank`'s random stream in a run seeded `seed`."""
+    return (seed * 1_000_003 + (rank + 1) * 7_919) % 2**63
+
+
 def train(plan: Plan, transport: Transport) -> dict[str, Any] | None:
     """Train one worker; rank 0 returns the run summary, the others None."""
     torch.manual_seed(plan.config["run"]["seed"])
     model = plan.make_model().to(transport.device)
     optimizer = plan.make_optimizer(model.parameters())
+    # the same initial model everywhere; from here each worker draws its own numbers (a
+    # codec's stochastic rounding, dropout), independent of its peers' as in QSGD's analysis
+    torch.manual_seed(worker_seed(plan.config["run"]["seed"], transport.rank))
     replica = Replica(model, transport, copy.deepcopy(plan.strategy),
                       copy.deepcopy(plan.compressor), total_steps=plan.total_steps(
                           transport.world_size), optimizer=optimizer,

@@ -41,7 +41,8 @@ def _open_interval(v: float) -> str | None:
 class _Periodic(StrategyBase):
     """Shared shape: no gradient exchange; act on parameters at the end of each period."""
 
-    OPTIONS: dict[str, Option] = {"period": Option(int, 8, at_least(1), "steps between rounds")}
+    OPTIONS: dict[str, Option] = {"period": Option(int, 8, at_least(1), "steps between rounds",
+                                                   steps=True)}
 
     def __init__(self, period: int = 8):
         self.period = period
@@ -68,7 +69,8 @@ class LocalSGD(_Periodic):
         shrinks_real=True,
         drains_at_end=True)  # averages after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
-               "warmup": Option(int, 0, at_least(0), "synchronous steps before local SGD")}
+               "warmup": Option(int, 0, at_least(0), "synchronous steps before local SGD",
+                                steps=True)}
 
     def __init__(self, period: int = 8, warmup: int = 0):
         super().__init__(period)

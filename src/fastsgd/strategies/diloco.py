@@ -74,7 +74,7 @@ class DiLoCo(StrategyBase):
         carries_on=("exact",),
         shrinks_real=True)  # where carries_on allows: also on real processes (recovery.py)
     OPTIONS = {
-        "period": Option(int, 500, at_least(1), "inner steps between outer steps (H)"),
+        "period": Option(int, 500, at_least(1), "inner steps between outer steps (H)", steps=True),
         "outer_lr": Option(float, 0.7, positive, "outer (Nesterov SGD) learning rate"),
         "outer_momentum": Option(float, 0.9, between(0, 0.999), "outer momentum"),
         "nesterov": Option(bool, True, doc="Nesterov outer momentum (false: heavy ball)"),

@@ -33,7 +33,8 @@ class Tournament(StrategyBase):
         carries_on=("exact", "quantize", "sparse"),  # a lost partner's round is skipped
         carries_on_real=True,  # also on real processes: no collective while training
         rejoins=("exact",))  # a new worker may take a lost one's place (run.rejoin): donate
-    OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds"),
+    OPTIONS = {"period": Option(int, 50, at_least(1), "steps between tournament rounds",
+                                steps=True),
                "adapt_optimizer": ADAPT_OPTION}
 
     def __init__(self, period: int = 50, adapt_optimizer: bool = True):

@@ -130,8 +130,8 @@ def real_equals_simulated(job: TinyJob, tolerance: float) -> None:
     """Real processes (gloo on this machine) train what the simulator trains: parameters
     within `tolerance`, the same bytes sent. Holds for strategies whose arithmetic does not
     depend on timing (not for asynchronous ones: ps, hogwild, adpsgd, sgp)."""
-    real = job.real("real")
-    simulated = job.simulate("simulated")
+    simulated = job.simulate("simulated")  # first: the workers forked next inherit what it
+    real = job.real("real")  # loaded (a codec's compiled loops), instead of each loading it
     ends_cleanly(job, real.run_dir)
     difference = largest_difference(parameters(real.run_dir), parameters(simulated.run_dir))
     if not difference <= tolerance:

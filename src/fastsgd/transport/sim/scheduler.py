@@ -10,7 +10,9 @@ it itself, and goes straight on when it is still the earliest.
 Workers are greenlets on one OS thread, not OS threads: a switch costs about a microsecond
 where handing over between threads cost 20-60 us, and no thread keeps its own stack and
 math-library buffers (issue 10: 1024 workers on one machine). What torch keeps per thread
-(grad mode) is saved and restored at every switch, as a thread of its own would keep it.
+(grad mode) is saved and restored at every switch, as a thread of its own would keep it, and
+so is what a process of its own would keep alone: torch's CPU random generator, so that a
+codec's or dropout's draws are the numbers the same worker draws on a real process.
 
 Clocks are integer nanoseconds and ties go by (time, sequence) for events and (time, rank)
 for workers, so with a modeled compute time (`charge`) a run is a pure function of its
@@ -172,7 +174,7 @@ class Scheduler:
     def run(self, fns: list[Callable[[], Any]]) -> list[Any]:
         """Run fns[r] as worker r until all finish; re-raise the first worker error."""
         self._main, self._grad = getcurrent(), torch.is_grad_enabled()
-        results, grad = self._results, self._grad
+        results, grad, draws = self._results, self._grad, torch.default_generator.get_state()
         for w, fn in zip(self.workers, fns):
             w.glet = greenlet(lambda *_, w=w, fn=fn: self._body(w, fn), self._main)
             w.glet.switch()  # started from here, not deep in another worker's stack
@@ -185,6 +187,7 @@ class Scheduler:
         finally:
             self._abort_rest()
             torch.set_grad_enabled(grad)
+            torch.default_generator.set_state(draws)
         if self._errors:
             raise sorted(self._errors, key=lambda e: e[0])[0][1]
         stuck = [w.rank for w in self.workers if not w.done]
@@ -232,8 +235,10 @@ class Scheduler:
             w.resumed_at = time.perf_counter()
             return
         grad = torch.is_grad_enabled()  # thread-local in torch; all workers share the thread
+        draws = torch.default_generator.get_state()  # process-wide: one per real worker
         self._resume(nxt)
         torch.set_grad_enabled(grad)
+        torch.default_generator.set_state(draws)
         if self._aborted:
             raise SimAborted()
         w.resumed_at = time.perf_counter()
