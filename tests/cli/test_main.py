@@ -60,6 +60,7 @@ def fastsgd(*args, cwd=None):
       "--set", "strategy.momentum_correction=on", "--set", "data.name=synthetic"],
      "strategy.momentum_correction = 'on' but the optimizer (SGD) has no momentum"),
     (["run", "--set", "strategy.name=diloco", "--set", "strategy.fragments=99",
+      "--set", "strategy.period=8",
       "--set", "data.name=synthetic", "--set", "model.name=mlp"],
      "strategy.fragments must be <= the model's 6 parameter tensors"),
     (["simulate", "--set", "strategy.name=diloco", "--set", "strategy.overlap=500"],

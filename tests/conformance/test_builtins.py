@@ -9,10 +9,11 @@ from fastsgd.compress import CODECS
 from fastsgd.strategies import STRATEGIES, capabilities_of
 from fastsgd.testing import check_codec, check_strategy
 
-# asynchronous (ps, hogwild, adpsgd, sgp): what a worker gets depends on when it arrives;
+# asynchronous (ps, hogwild, adpsgd, sgp; async_diloco past staleness 0): what a worker gets
+# depends on when it arrives;
 # ddp: real processes only (its suite: a real run that ends cleanly)
-REAL_EQUALS_SIMULATED = {"allreduce", "bmuf", "diloco", "dpsgd", "easgd", "localsgd", "ltfb",
-                         "ssp"}
+REAL_EQUALS_SIMULATED = {"allreduce", "bmuf", "demo", "diloco", "dpsgd", "easgd", "localsgd",
+                         "ltfb", "noloco", "sparseloco", "sparta", "ssp"}
 # every codec, those that draw random numbers too: a simulated worker draws from its own
 # stream, as a process does (transport/sim/scheduler.py)
 CODECS_REAL_EQUALS_SIMULATED = set(CODECS)

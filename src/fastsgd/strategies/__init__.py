@@ -14,6 +14,11 @@ from fastsgd.strategies.ddp import DDP
 from fastsgd.strategies.diloco import DiLoCo
 from fastsgd.strategies.gossip import DPSGD
 from fastsgd.strategies.hogwild import Hogwild
+from fastsgd.strategies.lowcomm.async_diloco import AsyncDiLoCo
+from fastsgd.strategies.lowcomm.demo import DeMo
+from fastsgd.strategies.lowcomm.noloco import NoLoCo
+from fastsgd.strategies.lowcomm.sparseloco import SparseLoCo
+from fastsgd.strategies.lowcomm.sparta import Sparta
 from fastsgd.strategies.pairwise import ADPSGD
 from fastsgd.strategies.ps import ParameterServer
 from fastsgd.strategies.ssp import StaleSynchronous
@@ -21,7 +26,8 @@ from fastsgd.strategies.tournament import Tournament
 
 STRATEGIES = Registry("strategy", "strategy", {
     cls.name: cls for cls in (AllReduce, StaleSynchronous, LocalSGD, EASGD, BMUF, DPSGD, ADPSGD,
-                              SGP, ParameterServer, Hogwild, Tournament, DiLoCo, DDP)},
+                              SGP, ParameterServer, Hogwild, Tournament, DiLoCo, AsyncDiLoCo,
+                              SparseLoCo, DeMo, Sparta, NoLoCo, DDP)},
     contract=check_strategy_class)
 validate_options = STRATEGIES.validate
 build_strategy = STRATEGIES.build
@@ -29,7 +35,8 @@ build_strategy = STRATEGIES.build
 CHOICES = {"strategy": STRATEGIES, "compression": CODECS}
 
 __all__ = ["ADPSGD", "BMUF", "CHOICES", "DDP", "DPSGD", "EASGD", "SGP", "STRATEGIES", "AllReduce",
-           "Capabilities", "Context", "DiLoCo", "Hogwild", "LocalSGD", "ParameterServer",
-           "StaleSynchronous", "Strategy", "StrategyBase", "Tournament", "build_strategy",
+           "AsyncDiLoCo", "Capabilities", "Context", "DeMo", "DiLoCo", "Hogwild", "LocalSGD",
+           "NoLoCo", "ParameterServer", "SparseLoCo", "Sparta", "StaleSynchronous", "Strategy",
+           "StrategyBase", "Tournament", "build_strategy",
            "capabilities_of", "check_strategy", "check_strategy_class", "hook",
            "validate_options"]

@@ -1,0 +1,138 @@
+"""Asynchronous DiLoCo: lockstep equals DiLoCo, a slow worker does not hold the others back
+beyond the staleness bound, bad options, the conformance suite and a GPT smoke run."""
+
+
+import pytest
+
+import fastsgd as fs
+from fastsgd.testing import check_strategy
+from tests.conftest import max_abs_diff
+from tests.strategies.helpers import params, sim_job
+
+PATH = "async_diloco"
+SLOW = {"compute.slowdown": [1, 1, 1, 3]}
+
+
+def async_diloco(**options) -> dict:
+    return {"name": PATH, **options}
+
+
+def test_staleness_zero_is_synchronous_diloco(synthetic, tmp_path):
+    """Lockstep: one outer step per round on the mean of the round's pseudo-gradients."""
+    outer = {"period": 5, "outer_lr": 0.5, "outer_momentum": 0.8}
+    want = sim_job(synthetic, tmp_path / "d", {"name": "diloco", **outer}, steps=23).simulate(3)
+    got = sim_job(synthetic, tmp_path / "a", async_diloco(staleness=0, **outer),
+                  steps=23).simulate(3)
+    assert max_abs_diff(params(got), params(want)) < 1e-6
+    assert got.summary["consensus_distance"] == 0
+    # (the outer optimizer did something: plain local SGD ends elsewhere)
+    local = sim_job(synthetic, tmp_path / "l", {"name": "localsgd", "period": 5}, steps=23)
+    assert max_abs_diff(params(got), params(local.simulate(3))) > 1e-4
+
+
+def test_asynchrony_changes_the_arithmetic(synthetic, tmp_path):
+    """staleness > 0 applies each push as it comes (at 1/workers): not DiLoCo any more, but
+    the replicas still end identical (the final pushes are answered together)."""
+    outer = {"period": 5, "outer_lr": 0.5, "outer_momentum": 0.8}
+    runs = [sim_job(synthetic, tmp_path / str(s), async_diloco(staleness=s, **outer),
+                    steps=23).simulate(3) for s in (0, 2)]
+    assert max_abs_diff(params(runs[0]), params(runs[1])) > 1e-4
+    assert runs[1].summary["consensus_distance"] == 0
+
+
+def rounds_by(rows: list[dict], rank: int, time: float) -> int:
+    """Rounds `rank` had pushed by simulated `time` (a push is a step that sent bytes; not
+    for rank 0, whose server answers count as its bytes)."""
+    return sum(1 for m in rows if m["rank"] == rank and m["bytes_sent"] > 0 and m["time"] <= time)
+
+
+def fast_end(rows: list[dict]) -> float:
+    """When the fast workers were done training: their second-last step (the last one
+    waits for the slow worker's final push)."""
+    last = max(m["step"] for m in rows)
+    return max(m["time"] for m in rows if m["rank"] != 3 and m["step"] == last - 1)
+
+
+def test_a_slow_worker_holds_the_others_back_only_within_the_bound(synthetic, tmp_path):
+    """Worker 3 computes 3x slower, 12 rounds of 4 steps. Lockstep (0): everyone waits for
+    it every round. With staleness 1, none is ever more than a round ahead of it and the
+    fast workers end sooner; with a bound above the run's rounds they are never held back:
+    they end in about a third of the time, when the slow one has done a third of its
+    rounds. The run itself ends with its slowest worker, which trains run.steps steps at
+    any bound (summary's simulated_time)."""
+    runs = {s: sim_job(synthetic, tmp_path / str(s), async_diloco(period=4, staleness=s),
+                       steps=48, **SLOW).simulate(4) for s in (0, 1, 12)}
+    rows = {s: r.metrics() for s, r in runs.items()}
+    assert max(m["staleness"] for m in rows[0]) == 0
+    assert max(m["staleness"] for m in rows[1]) == 1
+    assert fast_end(rows[1]) < 0.95 * fast_end(rows[0])
+    assert fast_end(rows[12]) < 0.4 * fast_end(rows[0])
+    done = fast_end(rows[12])
+    assert all(rounds_by(rows[12], r, done) == 11 for r in (1, 2))  # all but the last
+    assert rounds_by(rows[12], 3, done) <= 5  # the fast workers did more rounds
+    half = fast_end(rows[0]) / 2  # lockstep: the same rounds as the slow one
+    assert rounds_by(rows[0], 1, half) == rounds_by(rows[0], 3, half)
+    for s in (1, 12):
+        assert runs[s].summary["consensus_distance"] == 0
+        assert runs[s].summary["simulated_time"] == pytest.approx(
+            runs[0].summary["simulated_time"], rel=0.05)
+
+
+def test_it_trains(synthetic, tmp_path):
+    result = sim_job(synthetic, tmp_path, async_diloco(period=10, outer_lr=0.5,
+                                                       outer_momentum=0.5),
+                     steps=150, **SLOW).simulate(4)
+    assert result.accuracy > 0.6  # chance: 0.1
+    assert result.summary["consensus_distance"] == 0
+
+
+@pytest.mark.parametrize("codec", ["fp16", "qsgd"])
+def test_the_push_goes_through_the_codec(codec, synthetic, tmp_path):
+    sent = {}
+    for name in ("none", codec):
+        result = sim_job(synthetic, tmp_path / name, async_diloco(period=5), steps=10,
+                         **{"compression.name": name}).simulate(2)
+        assert result.summary["consensus_distance"] == 0
+        sent[name] = result.summary["bytes_sent_total"]
+    assert sent[codec] < 0.8 * sent["none"]  # the push shrinks, the answer does not
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"staleness": -1}, "strategy.staleness must be >= 0"),
+    ({"period": 0}, "strategy.period must be >= 1"),
+    ({"outer_lr": 0.0}, "strategy.outer_lr must be > 0"),
+    ({"outer_momentum": 1.0}, "strategy.outer_momentum must be"),
+])
+def test_bad_input_is_one_line_naming_the_key(settings, message, synthetic, tmp_path):
+    with pytest.raises(fs.UserError, match=message) as caught:
+        sim_job(synthetic, tmp_path, async_diloco(**settings), steps=4).simulate(2)
+    assert "\n" not in str(caught.value)
+
+
+def test_dgc_is_refused(synthetic, tmp_path):
+    job = sim_job(synthetic, tmp_path, async_diloco(),
+                  **{"compression.name": "dgc", "optimizer.momentum": 0.0})
+    with pytest.raises(fs.UserError, match="compression.name = 'dgc'") as caught:
+        job.simulate(2)
+    assert "\n" not in str(caught.value)
+
+
+def test_conformance_asynchronous(tmp_path):
+    """Simulated: determinism, bitwise resume mid-run, drain. Not real equals simulated:
+    with staleness > 0 the order the server applies pushes in is the order they arrive."""
+    ran = check_strategy(PATH, out=tmp_path, period=4, staleness=2)
+    assert ran == ["determinism", "resume", "drain"]
+
+
+@pytest.mark.multiproc
+def test_conformance_lockstep_on_real_processes(tmp_path):
+    ran = check_strategy(PATH, real=True, out=tmp_path, period=4, staleness=0)
+    assert ran == ["determinism", "resume", "drain", "real equals simulated"]
+
+
+@pytest.mark.multiproc
+def test_real_processes_asynchronous_end_identical(synthetic, tmp_path):
+    result = sim_job(synthetic, tmp_path, async_diloco(period=5, staleness=1),
+                     steps=30).run(2)
+    assert result.summary["mode"] == "real"
+    assert result.summary["consensus_distance"] < 1e-10
