@@ -85,7 +85,33 @@ def record_optimizer(factory: Any) -> dict[str, Any]:
         return {"name": import_path(factory)}
     if not plain or any(v is None for v in options.values()):
         return {"name": import_path(factory)}
-    return {"name": import_path(type(optimizer)), **options}
+    cls = type(optimizer)
+    options = {k: v for k, v in options.items() if _takes(cls, k)}
+    if not _rebuilt_alike(cls, options, defaults):
+        return {"name": import_path(factory)}
+    return {"name": import_path(cls), **options}
+
+
+def _takes(cls: type, key: str) -> bool:
+    """Whether `cls(params, key=...)` is a call its constructor accepts: a user's subclass
+    of AdamW may take only lr and weight_decay, though its `defaults` hold AdamW's all."""
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return True  # no signature to read: recorded, and checked by the rebuild
+    return key in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def _rebuilt_alike(cls: type, options: dict[str, Any], defaults: dict[str, Any]) -> bool:
+    """Whether the class built from the recorded options has the probe's defaults again, as
+    `fastsgd run --resume` will build it."""
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    try:
+        again = cls([torch.nn.Parameter(torch.zeros(1))], **kwargs).defaults
+    except Exception:  # noqa: BLE001 - not rebuilt from its keys: the factory is recorded
+        return False
+    return again.keys() == defaults.keys() and all(
+        _toml(again[k]) == _toml(defaults[k]) for k in defaults)
 
 
 def _probe_optimizer(factory: Any) -> Any:
