@@ -64,7 +64,8 @@ def test_allreduce_needs_no_total_steps():
 
 def test_the_strategies_that_drain_say_so():
     drains = {name for name in STRATEGIES if capabilities_of(STRATEGIES.get(name)).drains_at_end}
-    assert drains == {"localsgd", "easgd", "bmuf", "ssp", "ps", "adpsgd", "sgp", "diloco"}
+    assert drains == {"localsgd", "easgd", "bmuf", "ssp", "ps", "adpsgd", "sgp", "diloco",
+                      "sparseloco", "sparta", "noloco", "async_diloco"}
 
 
 def test_consensus_distance_is_the_mean_squared_distance_to_the_average():

@@ -25,15 +25,9 @@ def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
     evaluating = ctx.log.wall  # before the last evaluation, which `wall_time` was taken before
     if ctx.state.evaluated != ctx.steps:
         evaluate(ctx, ctx.steps)
-    # each worker's own rate up to its last step (where asynchronous strategies drain,
-    # waiting for the slowest): fast workers get more done
-    steps, seconds = ((ctx.steps - 1, ctx.state.penultimate) if ctx.steps > 1
-                      and ctx.state.penultimate is not None else (ctx.steps, end))
-    # no time passed (no compute, no network: a model of nothing): no rate, not a rate of 0
-    rate = steps * ctx.plan.config["data"]["batch_size"] / seconds if seconds > 0 else math.nan
     state = ctx.state
-    totals = torch.tensor([state.sent, state.received, rate, state.skipped],
-                          dtype=torch.float64, device=ctx.t.device)
+    totals = torch.tensor([state.sent, state.received, _rate(ctx, end), state.skipped,
+                           state.idle, state.dropped], dtype=torch.float64, device=ctx.t.device)
     ctx.t.all_reduce(totals)
     # the run ends with its last worker: asynchronous ones end apart (hogwild with a slow
     # worker, a drain), and every evaluation is timed by the last worker to reach it
@@ -83,6 +77,19 @@ def rejoined_workers(ctx: LoopContext) -> list[dict[str, Any]]:
             for r in rejoins]
 
 
+def _rate(ctx: LoopContext, end: float) -> float:
+    """This worker's samples a second up to its last step (where asynchronous strategies
+    drain, waiting for the slowest: fast workers get more done), or up to the last step it
+    trained (its strategy ended it: Context.end)."""
+    state, steps, seconds = ctx.state, ctx.steps, end
+    if state.idle:
+        steps, seconds = ctx.steps - state.idle, state.penultimate or end
+    elif ctx.steps > 1 and state.penultimate is not None:
+        steps, seconds = ctx.steps - 1, state.penultimate
+    # no time passed (no compute, no network: a model of nothing): no rate, not a rate of 0
+    return steps * ctx.plan.config["data"]["batch_size"] / seconds if seconds > 0 else math.nan
+
+
 def summary(ctx: LoopContext, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
     cfg = ctx.plan.config
     last = ctx.log.last
@@ -105,6 +112,9 @@ def summary(ctx: LoopContext, wall_time: float, end: float, totals: list[float])
         "samples_per_second": number(totals[2]),
         "bytes_sent_total": int(totals[0]), "bytes_received_total": int(totals[1]),
         "skipped_steps": int(totals[3]),  # worker-steps with a NaN or inf loss or gradient
+        # worker-steps not trained (a straggler the strategy ended: Context.end), and those
+        # trained whose work it dropped
+        "idle_steps": int(totals[4]), "dropped_steps": int(totals[5]),
         "consensus_distance": number(last[3]), "representative": cfg["run"]["representative"],
         "lost_workers": lost_workers(ctx),
         "rejoined_workers": rejoined_workers(ctx),

@@ -31,6 +31,9 @@ class LoopState:
     sent: int = 0  # bytes this worker sent and received in its steps
     received: int = 0
     skipped: int = 0  # steps whose loss or gradient was not finite
+    ended: bool = False  # the strategy ended this worker's training (Context.end)
+    idle: int = 0  # steps not trained since
+    dropped: int = 0  # steps trained whose work the strategy dropped
     bad_in_a_row: int = 0
     evaluated: int = 0  # the last step evaluated
     eval_time: float = 0.0  # evaluation time on the run's clock (real processes)

@@ -69,7 +69,7 @@ def run(ctx: LoopContext) -> dict[str, Any] | None:
     while k < ctx.steps:
         try:
             rejoin.at_step(ctx, k)
-            loss = step(ctx, k)
+            loss = idle(ctx, k) if ctx.state.ended else step(ctx, k)
             if eval_every and (k + 1) % eval_every == 0:
                 evaluate(ctx, k + 1)
         except GroupBroken as e:  # a worker died: the survivors go on (recovery.py)
@@ -99,6 +99,15 @@ def run(ctx: LoopContext) -> dict[str, Any] | None:
             return finish(ctx, ctx.wall())
         except GroupBroken as e:
             recovery.recover(ctx, e)
+
+
+def idle(ctx: LoopContext, k: int) -> float:
+    """Step `k` of a worker whose strategy ended its training (Context.end): nothing is
+    computed or sent; it goes on only to join the evaluations and checkpoints."""
+    state = ctx.state
+    state.idle += 1
+    state.level = 2 * k + 2
+    return math.nan
 
 
 def step(ctx: LoopContext, k: int) -> float:
@@ -132,6 +141,8 @@ def step(ctx: LoopContext, k: int) -> float:
     resume.kill_if_asked(ctx.rank, k + 1, "parameters")
     ctx.replica.sync_parameters()
     state.level = 2 * k + 2
+    if ctx.replica.ctx.ended:  # its last trained step: its rate counts up to here
+        state.ended, state.dropped, state.penultimate = True, ctx.replica.ctx.dropped, now()
     t7 = now()
     if k == ctx.steps - 2:
         state.penultimate = t7

@@ -38,10 +38,20 @@ class Context:
     stats: dict[str, float] = field(default_factory=dict)
     score: Callable[[], float] | None = None  # loss of the current parameters on a sample
     optimizer: torch.optim.Optimizer | None = None  # the worker's, when known (correction.py)
+    ended: bool = False  # set by `end`
+    dropped: int = 0
 
     @property
     def last_step(self) -> bool:
         return self.total_steps is not None and self.step >= self.total_steps - 1
+
+    def end(self, dropped: int = 0) -> None:
+        """End this worker's training after the current step (a straggler the run does not
+        wait for: async_diloco's quorum). Its parameters are final as they stand; its
+        remaining steps are not trained (`idle_steps` in summary.json), though it still
+        joins evaluations and checkpoints. `dropped`: its steps whose work did not reach
+        the final model (`dropped_steps`)."""
+        self.ended, self.dropped = True, dropped
 
 
 class Strategy(Protocol):

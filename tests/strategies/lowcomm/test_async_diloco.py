@@ -54,14 +54,15 @@ def fast_end(rows: list[dict]) -> float:
 
 
 def test_a_slow_worker_holds_the_others_back_only_within_the_bound(synthetic, tmp_path):
-    """Worker 3 computes 3x slower, 12 rounds of 4 steps. Lockstep (0): everyone waits for
-    it every round. With staleness 1, none is ever more than a round ahead of it and the
-    fast workers end sooner; with a bound above the run's rounds they are never held back:
-    they end in about a third of the time, when the slow one has done a third of its
-    rounds. The run itself ends with its slowest worker, which trains run.steps steps at
-    any bound (summary's simulated_time)."""
-    runs = {s: sim_job(synthetic, tmp_path / str(s), async_diloco(period=4, staleness=s),
-                       steps=48, **SLOW).simulate(4) for s in (0, 1, 12)}
+    """Worker 3 computes 3x slower, 12 rounds of 4 steps, and the quorum is everyone.
+    Lockstep (0): everyone waits for it every round. With staleness 1, none is ever more
+    than a round ahead of it and the fast workers end sooner; with a bound above the run's
+    rounds they are never held back: they end in about a third of the time, when the slow
+    one has done a third of its rounds. The run itself ends with its slowest worker, which
+    trains run.steps steps (summary's simulated_time)."""
+    runs = {s: sim_job(synthetic, tmp_path / str(s),
+                       async_diloco(period=4, staleness=s, quorum=1.0), steps=48,
+                       **SLOW).simulate(4) for s in (0, 1, 12)}
     rows = {s: r.metrics() for s, r in runs.items()}
     assert max(m["staleness"] for m in rows[0]) == 0
     assert max(m["staleness"] for m in rows[1]) == 1
@@ -74,8 +75,36 @@ def test_a_slow_worker_holds_the_others_back_only_within_the_bound(synthetic, tm
     assert rounds_by(rows[0], 1, half) == rounds_by(rows[0], 3, half)
     for s in (1, 12):
         assert runs[s].summary["consensus_distance"] == 0
+        assert runs[s].summary["idle_steps"] == 0
         assert runs[s].summary["simulated_time"] == pytest.approx(
             runs[0].summary["simulated_time"], rel=0.05)
+
+
+def test_past_its_quorum_the_run_does_not_wait_for_a_straggler(synthetic, tmp_path):
+    """quorum 0.75 of 4 workers: the three fast ones pace the bound and the end. Once
+    their final rounds are in, the slow worker's next push is dropped (its round counted
+    in dropped_steps) and it trains no more (idle_steps); everyone ends with the same final
+    parameters, in about the fast workers' time. Goodput, the share of the cluster's
+    compute (3 workers at full speed, one at a third) that reached the final model, is
+    over twice the lockstep run's."""
+    steps, period = 48, 4
+    runs = {name: sim_job(synthetic, tmp_path / name, async_diloco(period=period, **o),
+                          steps=steps, **SLOW).simulate(4)
+            for name, o in {"lockstep": {"staleness": 0},
+                            "quorum": {"staleness": 2, "quorum": 0.75}}.items()}
+    lockstep, quorum = runs["lockstep"].summary, runs["quorum"].summary
+    assert (lockstep["idle_steps"], lockstep["dropped_steps"]) == (0, 0)
+    assert quorum["consensus_distance"] == 0
+    assert quorum["idle_steps"] > steps / 2  # the slow worker did about a third of its steps
+    assert 0 < quorum["dropped_steps"] <= period
+
+    def goodput(summary: dict) -> float:
+        useful = 4 * steps - summary["idle_steps"] - summary["dropped_steps"]
+        step_time = runs["lockstep"].summary["simulated_time"] / (3 * steps)  # the slow one's
+        return useful / ((3 + 1 / 3) * summary["simulated_time"] / step_time)
+
+    assert goodput(quorum) > 2 * goodput(lockstep), (goodput(quorum), goodput(lockstep))
+    assert quorum["simulated_time"] < 0.5 * lockstep["simulated_time"]
 
 
 def test_it_trains(synthetic, tmp_path):

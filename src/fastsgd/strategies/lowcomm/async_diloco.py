@@ -14,24 +14,32 @@ mu m), Nesterov SGD with `outer_lr` 0.7 and `outer_momentum` 0.9):
 - `staleness` = 0 (lockstep): the server adds up a round's pseudo-gradients and, once every
   worker's is in, takes one outer step on their mean, then answers them all: exactly
   synchronous DiLoCo (strategies/diloco.py; the sum is in arrival order, so equal to ~1e-7).
-- `staleness` = s > 0: each pseudo-gradient g is applied as it arrives, as g / workers (one
-  outer step each, so the momentum moves once per push: Liu et al.'s plain asynchronous
-  Nesterov, not their Delayed Nesterov), and its sender is answered at once, unless the
-  bound holds it: a worker starts round r only once every worker has delivered round
-  r - s - 1 (rounds from 0), so none is more than s rounds ahead of the slowest.
+- `staleness` = s > 0: each pseudo-gradient g is applied as it arrives, the momentum
+  delayed (after Liu et al.'s Delayed Nesterov): its gradient term at once, global <-
+  global - lr g / n, and the momentum term once per n pushes, on their sum G: m <- mu m +
+  G, global <- global - lr mu m (heavy ball: the momentum before). Over n pushes that is
+  DiLoCo's step; the plain asynchronous Nesterov (an outer step per push) moves the
+  momentum n times a round.
+  Its sender is answered at once, unless the bound holds it: a worker starts round r only
+  once the slowest worker of the quorum (the `quorum` share of the workers that delivered
+  the most rounds) has delivered round r - s - 1.
 
-A worker's rounds end after steps (k + 1) % period == 0 and after its last step. On the last
-step (ctx.last_step) the server answers the final pushes only once every worker's is in, so
-all replicas end with the same, final global parameters (drains_at_end). `period` is
-DiLoCo's (500 by default); a run shorter than a period has one outer step, at its end.
+A worker's rounds end after steps (k + 1) % period == 0 and after its last step. The
+server answers the final pushes once the quorum's are all in (everyone's in lockstep); from
+then on the global parameters are final (`closed`): a straggler's next push is not applied,
+and the answer tells it so, so that it ends its training there (Context.end: its round is
+`dropped_steps`, the steps it does not train `idle_steps`). All replicas end with the same
+parameters (drains_at_end). `period` is DiLoCo's (500 by default); a run shorter than a
+period has one outer step, at its end.
 
 On the wire, per worker and round: its pseudo-gradient up (through `ctx.compressor`, with
 error feedback for lossy codecs, plus two int64 words: the round and a final flag) and the
-global parameters down (exact, plus one word). State (plain tensors): on every worker
-`anchor` (the global parameters its round started from), `rounds`, `ahead` (how many
-rounds it was ahead of the slowest when answered: the `staleness` metric) and, with a lossy codec,
-`push` (the codec's residual); on rank 0 also the server's `global`, `momentum`,
-`delivered` (rounds delivered, per worker) and, for the lockstep sum, `sum` and `count`.
+global parameters down (exact, plus three words: rounds ahead, over, dropped). State
+(plain tensors): on every worker `anchor` (the global parameters its round started from),
+`rounds`, `ahead` (how many rounds it was ahead of the quorum's slowest when answered: the
+`staleness` metric) and, with a lossy codec, `push` (the codec's residual); on rank 0
+also the server's `global`, `momentum`, `delivered` (rounds delivered, per worker),
+`closed`, and the round's `sum` and `count`.
 Every worker waits for the answer to its push before it trains on, so at a checkpoint's
 barrier nothing is in flight and the state is everything (it resumes bitwise).
 
@@ -44,6 +52,7 @@ restarts from its last checkpoint.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -76,14 +85,17 @@ class AsyncDiLoCo(StrategyBase):
         "outer_lr": Option(float, 0.7, positive, "outer (Nesterov SGD) learning rate"),
         "outer_momentum": Option(float, 0.9, between(0, 0.999), "outer momentum"),
         "nesterov": Option(bool, True, doc="Nesterov outer momentum (false: heavy ball)"),
+        "quorum": Option(float, 0.75, between(1e-9, 1.0),
+                         "share of the workers the bound and the end wait for (staleness > 0)"),
     }
 
     def __init__(self, period: int = 500, staleness: int = 2, outer_lr: float = 0.7,
-                 outer_momentum: float = 0.9, nesterov: bool = True):
-        self.period, self.staleness = period, staleness
+                 outer_momentum: float = 0.9, nesterov: bool = True, quorum: float = 0.75):
+        self.period, self.staleness, self.quorum = period, staleness, quorum
         self.outer_lr, self.momentum, self.nesterov = outer_lr, outer_momentum, nesterov
         self._waiting: list[int] = []  # server: workers whose push awaits its answer
         self._final: set[int] = set()  # server: workers whose last push is in
+        self._dropped: set[int] = set()  # server: workers whose push came past the end
 
     def check_compression(self, codec: Compressor, world_size: int) -> None:
         if codec.name in self.capabilities.refused_codecs:
@@ -95,7 +107,7 @@ class AsyncDiLoCo(StrategyBase):
         t, start = ctx.transport, flatten(params)  # every replica starts from rank 0's
         self._codec, self._transport = ctx.compressor, t
         self._buffers = buffer_mask(params)
-        self._waiting, self._final = [], set()
+        self._waiting, self._final, self._dropped = [], set(), set()
         state: dict[str, Any] = {"anchor": start, "rounds": torch.zeros(1, dtype=torch.int64),
                                  "ahead": torch.zeros(1, dtype=torch.int64)}
         if ctx.compressor.kind != "exact":
@@ -106,7 +118,8 @@ class AsyncDiLoCo(StrategyBase):
             state.update({"global": start.clone(), "momentum": torch.zeros_like(start),
                           "delivered": torch.zeros(n, dtype=torch.int64),
                           "sum": torch.zeros_like(start),
-                          "count": torch.zeros(1, dtype=torch.int64)})
+                          "count": torch.zeros(1, dtype=torch.int64),
+                          "closed": torch.zeros(1, dtype=torch.int64)})
             self._lock = threading.Lock()
             t.serve(PUSH, lambda src, m: self._on_push(state, src, m))
         return state
@@ -116,50 +129,90 @@ class AsyncDiLoCo(StrategyBase):
         payload = unpack(message, [*self._codec.FIELDS, "round", "final"], src)
         final = bool(payload.pop("final"))
         payload.pop("round")
-        pseudo = self._codec.decode(payload, state["global"])
         n = self._transport.world_size
         with self._lock:
-            if self.staleness == 0:  # lockstep: one outer step on the round's mean
-                state["sum"] += pseudo
-                state["count"] += 1
-                if int(state["count"]) == n:
-                    self._outer_step(state, state["sum"] / n)
-                    state["sum"].zero_()
-                    state["count"].zero_()
-            else:
-                self._outer_step(state, pseudo / n)
-            state["delivered"][src] += 1
-            self._waiting.append(src)
-            if final:
+            if self._over(state):  # the quorum is done: a straggler's late round is dropped
                 self._final.add(src)
+                self._dropped.add(src)
+            else:
+                pseudo = self._codec.decode(payload, state["global"])
+                self._apply(state, pseudo, n)
+                state["delivered"][src] += 1
+                if final:
+                    self._final.add(src)
+            self._waiting.append(src)
             self._answer(state)
 
-    def _outer_step(self, state: dict[str, Any], g: torch.Tensor) -> None:
-        """DiLoCo's outer step on the server's global parameters (diloco.py `_land`)."""
+    def _apply(self, state: dict[str, Any], g: torch.Tensor, n: int) -> None:
+        """Lockstep: one outer step on the round's mean once all n are in. Asynchronous:
+        Delayed Nesterov (after Liu et al. 2024): each push's gradient term lr g / n
+        at once, the momentum term once per n pushes, on their sum G: m <- mu m + G, global
+        <- global - lr mu m. Over n pushes that is DiLoCo's step, lr (G + mu m), the
+        momentum moving once per n pseudo-gradients as it does in DiLoCo, not once per
+        push (which over-counts it n times)."""
+        state["sum"] += g / n if self.staleness else g
+        state["count"] += 1
+        if self.staleness:
+            self._step(state, g / n, momentum_too=False)
+        if int(state["count"]) == n:
+            self._step(state, state["sum"] / (1 if self.staleness else n), momentum_too=True,
+                       gradient_too=not self.staleness)
+            state["sum"].zero_()
+            state["count"].zero_()
+
+    def _step(self, state: dict[str, Any], g: torch.Tensor, momentum_too: bool,
+              gradient_too: bool = True) -> None:
+        """DiLoCo's outer step on the server's global parameters (diloco.py `_land`): its
+        gradient term lr g and its momentum term lr mu m, either or both."""
         momentum, global_ = state["momentum"], state["global"]
         workers_mean = global_ - g
-        momentum.mul_(self.momentum).add_(g)
-        update = g + self.momentum * momentum if self.nesterov else momentum
-        global_.sub_(update, alpha=self.outer_lr)
+        before = momentum.clone() if momentum_too and not self.nesterov else None
+        if momentum_too:
+            momentum.mul_(self.momentum).add_(g)
+        if momentum_too and gradient_too:  # as diloco.py computes it, bit for bit
+            update = g + self.momentum * momentum if self.nesterov else momentum
+            global_.sub_(update, alpha=self.outer_lr)
+        elif gradient_too:
+            global_.sub_(g, alpha=self.outer_lr)
+        else:
+            global_.sub_(momentum if before is None else before,
+                         alpha=self.outer_lr * self.momentum)
         if self._buffers is not None:  # BatchNorm statistics: the plain mean (params.py)
             plain = self._buffers
-            global_[plain], momentum[plain] = workers_mean[plain], 0
+            if gradient_too:
+                global_[plain] = workers_mean[plain]
+            momentum[plain] = 0
+
+    def _quorum(self) -> int:
+        """How many workers the bound and the end wait for: all in lockstep."""
+        n = self._transport.world_size
+        return n if self.staleness == 0 else max(1, math.ceil(self.quorum * n - 1e-9))
+
+    def _over(self, state: dict[str, Any]) -> bool:
+        """Has the quorum pushed its final round? The global parameters are final then."""
+        return bool(state["closed"])
 
     def _answer(self, state: dict[str, Any]) -> None:
         """Answer every waiting worker the bound lets start its next round; the final
-        pushes once all are in."""
+        pushes once the quorum's are in, and from then on every push, with an end."""
         t, delivered = self._transport, state["delivered"]
-        everyone_done = len(self._final) == t.world_size
+        if len(self._final) >= self._quorum():
+            state["closed"].fill_(1)
+        over = self._over(state)
+        # the slowest of the quorum: the q-th most rounds delivered
+        paced = int(delivered.sort(descending=True).values[self._quorum() - 1])
         # rank 0 last: once it has its answer, every other answer is counted (its bytes)
         for w in sorted(self._waiting, key=lambda w: (w == SERVER, w)):
-            if w in self._final and not everyone_done:
+            if w in self._final and not over:
                 continue
-            if w not in self._final and int(delivered.min()) < int(delivered[w]) - self.staleness:
-                continue  # it would start round delivered[w]: a worker lacks round r - s - 1
+            if not over and paced < int(delivered[w]) - self.staleness:
+                continue  # it would start round delivered[w]: the quorum lacks r - s - 1
             self._waiting.remove(w)
-            ahead = int(delivered[w] - delivered.min())
+            ahead = max(0, int(delivered[w]) - paced)
             t.post(pack({"global": state["global"],  # pack copies
-                         "ahead": torch.tensor([ahead], dtype=torch.int64)}), w, GLOBAL)
+                         "ahead": torch.tensor([ahead], dtype=torch.int64),
+                         "end": torch.tensor([int(over), int(w in self._dropped)],
+                                             dtype=torch.int64)}), w, GLOBAL)
 
     # ---- the worker role ----------------------------------------------------------------
     def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
@@ -176,12 +229,15 @@ class AsyncDiLoCo(StrategyBase):
         flags = torch.tensor([int(state["rounds"]), int(ctx.last_step)], dtype=torch.int64)
         t.post(pack({**payload, "round": flags[:1], "final": flags[1:]}), SERVER, PUSH)
         src, reply = t.wait_message(GLOBAL)  # the server's answer: where to start again
-        answer = unpack(reply, ["global", "ahead"], src)
+        answer = unpack(reply, ["global", "ahead", "end"], src)
         assign(params, answer["global"])
+        over, dropped = (bool(x) for x in answer["end"])
+        if over and (dropped or not ctx.last_step):  # a straggler past the quorum's end
+            ctx.end(dropped=ctx.step % self.period + 1 if dropped else 0)
         state["anchor"] = answer["global"].to(state["anchor"].dtype).clone()
         state["rounds"] += 1
         state["ahead"] = answer["ahead"].clone()
         ctx.stats["staleness"] = float(state["ahead"])  # rounds ahead of the slowest
 
     def close(self) -> None:
-        self._waiting, self._final = [], set()
+        self._waiting, self._final, self._dropped = [], set(), set()
