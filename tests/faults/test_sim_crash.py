@@ -108,6 +108,8 @@ def test_worker_0_can_crash_and_the_lowest_survivor_writes_the_results(strategy,
     ([{"worker": 2, "when": "1s"}], "faults.crash[0] must be a table like"),
     ([{"worker": 2, "step": 1}, {"worker": 2, "step": 5}], "worker 2 crashes twice"),
     ([{"worker": r, "step": 1} for r in range(8)], "all 8 workers crash"),
+    ([{"worker": 2, "step": 120}], "faults.crash: worker 2 at step 120 is past the run's "
+                                   "last step (119): it would never crash"),
 ])
 def test_bad_faults_are_one_line(crash, message, digits, tmp_path):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")
@@ -177,3 +179,15 @@ def test_a_collective_without_a_lost_worker_sums_every_survivor():
     assert results[1] is None
     for rank in (0, 2, 3):
         assert results[rank] == [([10.0] * 4, 4), ([8.0] * 4, 3), ([8.0] * 4, 3)]
+
+
+def test_a_crash_timed_past_the_end_is_named_with_the_clock_it_counts_on(digits, tmp_path,
+                                                                          capfd):
+    result = _simulate(digits, tmp_path / "run", **{"faults.crash": [
+        {"worker": 6, "at": "200ms"}, {"worker": 2, "at": "3600s"}]})
+    assert [lost["worker"] for lost in result.summary["lost_workers"]] == [6]
+    said = [line for line in capfd.readouterr().err.splitlines() if "did not crash" in line]
+    assert len(said) == 1 and said[0].startswith(
+        "fastsgd: faults.crash: worker 2 at 3600s did not crash: the run ended first, at ")
+    assert said[0].endswith(" on the simulation's clock, which counts from its start, setup "
+                            "included (metrics' time counts from the start of training)")

@@ -228,12 +228,13 @@ SCHEMA: dict[str, dict[str, Option]] = {
     },
     "faults": {  # the simulator's faults (docs/simulator.md, "Faults")
         "crash": Option(list, [], _crashes, 'workers that crash, e.g. [{worker = 3, at = '
-                        '"10s"}] or [{worker = 3, step = 500}]'),
+                        '"10s"}] or [{worker = 3, step = 500}]; times on the simulation\'s '
+                        'clock, from its start (setup included)'),
         "detect": _time("how long the survivors take to notice a crash", "1s"),
         "restart": _time("run.rejoin: how long a new process takes to start once a loss is "
                          "noticed", "2s"),
         "down": Option(list, [], _crashes, 'links down for a while, e.g. [{worker = 3, '
-                       'from = "5s", to = "8s"}]'),
+                       'from = "5s", to = "8s"}], on the same clock'),
     },
 }
 MOVED = {("run", "slowdown"): "compute"}  # keys of older configs, read where they live now

@@ -32,6 +32,7 @@ def check_faults(faults: Faults, strategy: object, codec: Any, config: dict) -> 
     """Refuse, in one line, the [faults] this strategy and codec cannot carry on through
     (their capabilities: carries_on, rejoins; the ranks none may lose)."""
     capabilities = capabilities_of(strategy)
+    faults.check_steps(config["run"]["steps"] or 1 << 62)
     faults.check_run(Survival(str(getattr(strategy, "name", "?")), codec.name, codec.kind,
                               capabilities.carries_on, capabilities.rejoins,
                               first_expendable(strategy)), config)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from fastsgd.config.units import format_seconds
 from fastsgd.transport.sim.compute import ComputeModel, Heterogeneity
 from fastsgd.transport.sim.fabric import SimFabric
-from fastsgd.transport.sim.faults import Faults
+from fastsgd.transport.sim.faults import Faults, Membership
 from fastsgd.transport.sim.lanes import Lanes
 from fastsgd.transport.sim.network import Network, parse_bandwidth, parse_seconds
 from fastsgd.transport.sim.rejoins import launcher
@@ -57,8 +59,21 @@ def simulate(world_size: int, fn: Callable[[SimTransport], Any], network: Networ
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one worker computes at a time; a team per thread would thrash
     try:
-        return scheduler.run([lambda t=t: fn(t) for t in transports])
+        results = scheduler.run([lambda t=t: fn(t) for t in transports])
+        _say_what_never_happened(fabric.membership, scheduler)
+        return results
     finally:
         torch.set_num_threads(threads)
         if pool is not None:
             pool.close()
+
+
+def _say_what_never_happened(membership: Membership, scheduler: Scheduler) -> None:
+    """A crash timed past the run's end did not happen: said in one line each, with the
+    clock it counts on (the simulation's, from its start, setup included)."""
+    end = max(w.clock for w in scheduler.workers) / 1e9
+    for rank, crash in membership.never_happened():
+        print(f"fastsgd: faults.crash: worker {rank} at {format_seconds(crash.at_ns / 1e9)} "
+              f"did not crash: the run ended first, at {format_seconds(end)} on the "
+              "simulation's clock, which counts from its start, setup included (metrics' "
+              "time counts from the start of training)", file=sys.stderr, flush=True)

@@ -121,6 +121,15 @@ class Faults:
         """Some worker crashes (outages alone lose nobody)."""
         return bool(self.crashes)
 
+    def check_steps(self, total: int) -> None:
+        """A crash at a step the run does not reach, in one line."""
+        for rank, crashes in sorted(self.crashes.items()):
+            for crash in crashes:
+                if crash.step is not None and crash.step >= total:
+                    raise ConfigError(f"faults.crash: worker {rank} at step {crash.step} is "
+                                      f"past the run's last step ({total - 1}): it would "
+                                      "never crash")
+
     def check_run(self, survival: Survival, config: dict) -> None:
         """Refuse, in one line, what cannot carry on after a crash yet."""
         name, kind = survival.strategy, survival.kind
@@ -228,6 +237,11 @@ class Membership:
         """Is the process a message was addressed to (by its join step) the one standing for
         `rank`, and running (or on its way)?"""
         return rank not in self.dead and self.since[rank] == since
+
+    def never_happened(self) -> list[tuple[int, Crash]]:
+        """The crashes the run ended before (rank, crash): a time past its end."""
+        return [(rank, crash) for rank, crashes in sorted(self.faults.crashes.items())
+                for crash in crashes[self.processes[rank] + (rank in self.dead):]]
 
     def handing_in(self, step: int) -> int:
         """How many workers hand in their model at `step` (after step - 1): those whose
