@@ -192,3 +192,25 @@ def test_a_collective_is_priced_at_the_trace_bandwidth_when_it_starts():
 
     assert simulate(2, worker, NET, compute) == [
         (to_ns(S / (10e6 / 8) + 2 * L), to_ns(S / B + 2 * L))] * 2
+
+
+@pytest.mark.parametrize("per_node", [1, 2, 4])
+def test_a_hierarchical_all_reduce_counts_what_each_worker_sends(per_node):
+    """8 workers, per_node to a node, one all-reduce of 4000 bytes: a chain inside each node
+    to its lowest rank and back, a ring among those; each worker counts its part, and the
+    total is a flat ring's (issue 51, item 3)."""
+    size = 4000
+    net = Network.parse("1Gbit", "1ms", workers_per_node=per_node, intra_bandwidth="10Gbit")
+
+    def worker(t):
+        t.all_reduce(torch.ones(size // 4))
+        return t.bytes_sent, t.bytes_received
+
+    counted = simulate(8, worker, net)
+    leaders, g = 8 // per_node, per_node
+    ring = 2 * (leaders - 1) * size // leaders
+    expected = [ring + size * (g > 1) if r % g == 0 else size * (1 + (r % g < g - 1))
+                for r in range(8)]
+    assert [sent for sent, _ in counted] == expected
+    assert [received for _, received in counted] == expected
+    assert sum(expected) == 2 * 7 * size  # what a flat ring over the 8 moves

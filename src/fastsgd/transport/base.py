@@ -193,6 +193,23 @@ def ring_allreduce_bytes(size: int, world_size: int) -> int:
     return 0 if n == 1 else (2 * (n - 1) * size) // n
 
 
+def hierarchical_allreduce_bytes(size: int, rank: int, ranks: list[int],
+                                 per_node: int) -> tuple[int, int]:
+    """Bytes `rank` sends and receives in the simulator's hierarchical all-reduce of `size`
+    bytes among `ranks`, `per_node` consecutive ranks to a node (network.py `_allreduce`):
+    a chain inside each node reduces toward its lowest rank (each of the others sends the
+    tensor once), a ring among those leaders all-reduces it, and the chain broadcasts it
+    back (each but the last forwards it once). Summed over the workers it is a flat ring's
+    2(n-1) S: the hierarchy moves the same bytes, but between nodes only the leaders'."""
+    node = [r for r in ranks if r // per_node == rank // per_node]
+    at, last = node.index(rank), len(node) - 1
+    if at == 0:  # the leader: receives the chain's sum, rings, starts the broadcast
+        leaders = len({r // per_node for r in ranks})
+        ring = ring_allreduce_bytes(size, leaders)
+        return ring + size * (last > 0), ring + size * (last > 0)
+    return size * (1 + (at < last)), size * (1 + (at < last))
+
+
 def ring_allgather_bytes(size: int, world_size: int) -> int:
     """Bytes one worker sends when every worker's `size`-byte tensor reaches all: (n-1)*size."""
     return (world_size - 1) * size

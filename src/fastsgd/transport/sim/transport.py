@@ -18,6 +18,7 @@ from fastsgd.transport.base import (
     Done,
     Handle,
     PeerLost,
+    hierarchical_allreduce_bytes,
     nbytes,
     ring_allgather_bytes,
     ring_allreduce_bytes,
@@ -81,12 +82,23 @@ class SimTransport(SimClock, SimMembers):
         return self._all_reduce(tensor, async_op, average)
 
     def _all_reduce(self, tensor: torch.Tensor, async_op: bool, average: bool) -> SimHandle:
-        size, n = nbytes(tensor), self._taking_part()
-        self._count(ring_allreduce_bytes(size, n), ring_allreduce_bytes(size, n))
+        size = nbytes(tensor)
+        self._count(*self._allreduce_traffic(size))
         handle = self._collective(tensor, "allreduce", size, "sum", tensor, average)
         if not async_op:
             handle.wait()
         return handle
+
+    def _allreduce_traffic(self, size: int) -> tuple[int, int]:
+        """What this worker sends and receives in an all-reduce among those taking part: a
+        flat ring's share, or its part of the hierarchy where nodes hold several."""
+        per_node = self.fabric.network.workers_per_node
+        if per_node == 1:
+            n = self._taking_part()
+            return ring_allreduce_bytes(size, n), ring_allreduce_bytes(size, n)
+        known = self.fabric.membership.known
+        ranks = [r for r in range(self.world_size) if r not in known or r == self.rank]
+        return hierarchical_allreduce_bytes(size, self.rank, ranks, per_node)
 
     def _taking_part(self) -> int:
         """Workers a collective is counted for when asked: all but those known lost (its
