@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -231,3 +232,32 @@ def test_a_second_writer_of_a_running_run_is_refused_in_one_line(tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A run with a checkpoint, in a folder then mounted read-only (root, mount); skipped
+    where it cannot be."""
+    run = tmp_path / "run"
+    fs.Job(options={"data.name": "digits", "model.name": "mlp", "run.workers": 2,
+                    "run.steps": 4, "run.checkpoint_every": 2, "run.out": str(run)},
+           quiet=True, report=False).simulate()
+    (run / "summary.json").unlink()  # as an interrupted run leaves it
+    if not shutil.which("mount") or subprocess.run(
+            ["mount", "--bind", str(run), str(run)], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here (needs root)")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(run)], check=True)
+        yield run
+    finally:
+        subprocess.run(["umount", str(run)], check=True)
+
+
+def test_resuming_a_run_in_a_read_only_folder_is_one_line(read_only):
+    done = subprocess.run([sys.executable, "-m", "fastsgd", "simulate", "--resume",
+                           str(read_only), "--quiet", "--no-report"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2  # the CLI's code for a user's error
+    assert done.stderr == (f"fastsgd: error: {read_only}: cannot write in it (Read-only file "
+                           "system); a run needs a folder it can write, give it another "
+                           "run.out (or copy the run there to resume it)\n")

@@ -95,7 +95,12 @@ def hold(path: Path) -> None:
     writer's pid; forked workers keep it while they live), until `release` or the end of
     this process: a second writer (a resume, or a run with the same run.out, while it runs)
     is refused in one line naming the holder."""
-    fd = os.open(path / CLAIMED, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path / CLAIMED, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # a read-only file system, a folder of another user's
+        raise UserError(f"{path}: cannot write in it ({e.strerror}); a run needs a folder "
+                        "it can write, give it another run.out (or copy the run there to "
+                        "resume it)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
