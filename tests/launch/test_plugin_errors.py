@@ -108,7 +108,7 @@ def test_the_others_do_not_carry_on_without_a_worker_that_crashed():
 def _plan(tmp_path, steps=5):
     config = {"run": {"max_restarts": 3, "on_failure": "restart", "workers": 2},
               "strategy": {"name": "mine:Strategy"}}
-    return SimpleNamespace(config=config, run_dir=tmp_path, resume=False,
+    return SimpleNamespace(config=config, run_dir=tmp_path, resume=False, strategy=None,
                            total_steps=lambda workers: steps)
 
 
@@ -172,3 +172,17 @@ def test_in_simulation_a_collective_whose_size_differs_names_the_workers(tmp_pat
                         r"of float32 \[2000\]", first)
     assert (failed.value.rank, failed.value.step, failed.value.died) == (1, 3, False)
     assert "plugins.py" in stack and "in on_gradients" in stack
+
+
+def test_a_dead_parameter_server_says_why_the_others_do_not_go_on(tmp_path, capsys):
+    plan = _plan(tmp_path)
+    plan.strategy, plan.config["strategy"]["name"] = fastsgd.strategies.ParameterServer(), "ps"
+
+    def attempt(k):
+        if k == 0:
+            raise WorkerFailed("worker 0 was killed by signal 9 (SIGKILL)", died=True, rank=0)
+
+    supervise(plan, attempt)
+    assert ("worker 0 was killed by signal 9 (SIGKILL) (it held a shard of strategy 'ps''s "
+            "parameter server, which the others cannot go on without); restarting every "
+            "worker from the start") in capsys.readouterr().err

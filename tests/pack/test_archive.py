@@ -271,3 +271,31 @@ def test_a_script_s_job_keeps_its_model(tmp_path, capsys):
     script = write_script(tmp_path)
     assert main(["pack", str(script), "--set", "model.name=lenet"]) == 2
     assert "--set model.name: the job in" in capsys.readouterr().err
+
+
+def _swapped(archive, tmp_path):
+    """The archive with its two graphs in each other's place, checksums made to match (a
+    hand edit, or a tool that mixed two archives up)."""
+    with zipfile.ZipFile(archive) as z:
+        loss, forward = z.read("loss.pt2"), z.read("forward.pt2")
+        members = json.loads(z.read("manifest.json"))["members"]
+    sums = {**members, "loss.pt2": members["forward.pt2"], "forward.pt2": members["loss.pt2"]}
+    return _rewrite(archive, tmp_path / "swapped.fsj", manifest={"members": sums},
+                    members={"loss.pt2": forward, "forward.pt2": loss})
+
+
+def test_graphs_in_each_others_place_are_one_line(archive, tmp_path, capsys):
+    swapped = _swapped(archive, tmp_path)
+    err = _cli_error(capsys, "simulate", str(swapped), "--quiet", "--no-report",
+                     "--set", "run.steps=2", "--set", f"run.out={tmp_path / 'run'}")
+    assert err.startswith(f"fastsgd: error: {swapped}: ")
+
+
+def test_an_archive_whose_config_has_a_nan_is_one_line(archive, tmp_path, capsys):
+    with zipfile.ZipFile(archive) as z:
+        config = json.loads(z.read("manifest.json"))["config"]
+    config["optimizer"]["lr"] = float("nan")
+    edited = _rewrite(archive, tmp_path / "nan.fsj", manifest={"config": config})
+    err = _cli_error(capsys, "simulate", str(edited), "--quiet", "--no-report",
+                     "--set", f"run.out={tmp_path / 'run'}")
+    assert err.startswith(f"fastsgd: error: {edited}: optimizer.lr ")

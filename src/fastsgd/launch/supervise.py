@@ -22,6 +22,7 @@ from typing import Any
 from fastsgd.errors import Interrupted, WorkerFailed
 from fastsgd.loop.plan import Plan
 from fastsgd.records import checkpoint
+from fastsgd.strategies.membership import first_expendable
 
 
 def supervise(plan: Plan, attempt: Callable[[int], None]) -> list[dict[str, Any]]:
@@ -69,10 +70,19 @@ def _restart(plan: Plan, failure: WorkerFailed, restart: int, restarts: int,
     if not steps:
         checkpoint.cut_back(plan.run_dir, 0)
     start = f"the checkpoint of step {steps[-1]}" if steps else "the start (no checkpoint)"
-    print(f"fastsgd: {failure}; restarting every worker from {start} (restart {restart} of "
-          f"{restarts})", file=sys.stderr, flush=True)
+    print(f"fastsgd: {failure}{_why_not_without(plan, failure)}; restarting every worker "
+          f"from {start} (restart {restart} of {restarts})", file=sys.stderr, flush=True)
     return {"event": str(failure), "restart": restart, "from_step": steps[-1] if steps else 0,
             "attempt_wall_time": round(lost, 3)}
+
+
+def _why_not_without(plan: Plan, failure: WorkerFailed) -> str:
+    """Why the others do not carry on without a dead worker where they would without
+    another: it held what only it had (a parameter server's shard)."""
+    if failure.rank is None or failure.rank >= first_expendable(plan.strategy):
+        return ""
+    return (f" (it held a shard of strategy '{plan.config['strategy']['name']}''s "
+            "parameter server, which the others cannot go on without)")
 
 
 def _interrupted(stopped: Interrupted, run_dir: Path) -> Interrupted:

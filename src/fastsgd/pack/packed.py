@@ -22,20 +22,29 @@ class Programs:
     """The two graphs as callables; stateless, so replicas and their copies share them."""
 
     def __init__(self, archive: Archive) -> None:
-        self.loss = _load(archive, "loss.pt2")
-        self.forward = _load(archive, "forward.pt2")
+        # (parameters, buffers, inputs, targets) and (parameters, buffers, inputs)
+        self.loss = _load(archive, "loss.pt2", 4)
+        self.forward = _load(archive, "forward.pt2", 3)
 
     def __deepcopy__(self, memo: dict) -> Programs:
         return self
 
 
-def _load(archive: Archive, name: str) -> nn.Module:
+def _load(archive: Archive, name: str, arguments: int) -> nn.Module:
+    """Graph `name` of the archive, which takes `arguments` positional arguments."""
     try:
         with quiet():  # its own logged traceback would bury the line below
-            return torch.export.load(io.BytesIO(archive.programs[name])).module()
+            program = torch.export.load(io.BytesIO(archive.programs[name]))
+            takes = program.call_spec.in_spec.children_specs[0].num_children
+            module = program.module()
     except Exception as e:  # noqa: BLE001 - a graph this torch cannot read: say which
         raise UserError(f"{archive.path}: cannot load {name} ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if takes != arguments:  # the graphs in each other's place, or another archive's
+        raise UserError(f"{archive.path}: {name} takes {takes} arguments where fastsgd pack "
+                        f"writes one of {arguments}: it is not this archive's {name} (pack "
+                        "the job again)")
+    return module
 
 
 class PackedModel(nn.Module):
