@@ -299,3 +299,19 @@ def test_an_archive_whose_config_has_a_nan_is_one_line(archive, tmp_path, capsys
     err = _cli_error(capsys, "simulate", str(edited), "--quiet", "--no-report",
                      "--set", f"run.out={tmp_path / 'run'}")
     assert err.startswith(f"fastsgd: error: {edited}: optimizer.lr ")
+
+
+def test_a_packed_job_packs_again_with_its_own_config(archive, tmp_path):
+    """Packing a job whose model is a packed job keeps its graphs and initial tensors and
+    takes the new config: it trains as the first archive does under that config."""
+    again = Job(options={"model.packed": str(archive), "data.name": "synthetic",
+                         "run.workers": 2, "optimizer.lr": 0.01}, quiet=True).pack(
+        tmp_path / "again.fsj")
+    small = ["--quiet", "--no-report", "--set", "run.steps=4", "--set", "run.eval_every=0"]
+    assert main(["simulate", str(again), *small, "--set", f"run.out={tmp_path / 'a'}"]) == 0
+    assert main(["simulate", str(archive), *small, "--set", "optimizer.lr=0.01",
+                 "--set", f"run.out={tmp_path / 'b'}"]) == 0
+    assert (tmp_path / "a" / "model.pt").read_bytes() == (tmp_path / "b" / "model.pt"
+                                                          ).read_bytes()
+    with zipfile.ZipFile(again) as z:
+        assert json.loads(z.read("manifest.json"))["config"]["optimizer"]["lr"] == 0.01

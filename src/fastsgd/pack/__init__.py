@@ -46,6 +46,9 @@ def pack(config: dict[str, Any], make_model: Callable[[], torch.nn.Module], step
     initial parameters are the ones the source job starts from."""
     path = archive_path(out, config)
     packed = packed_config(config)
+    if isinstance(make_model, PackedFactory):  # a packed job's graphs, with this config
+        _repack(read_archive(make_model.path, versions()), packed, path)
+        return path
     torch.manual_seed(config["run"]["seed"])
     model = make_model()
     rng = torch.get_rng_state()
@@ -66,6 +69,16 @@ def pack(config: dict[str, Any], make_model: Callable[[], torch.nn.Module], step
     write_archive(path, packed, signature(dataset, output),
                   {"loss.pt2": loss, "forward.pt2": forward}, tensors, versions())
     return path
+
+
+def _repack(archive: Archive, config: dict[str, Any], path: Path) -> None:
+    """`archive`'s graphs and initial tensors again, under `config`: a packed job packed
+    (its source is not here to export again)."""
+    groups = {group: [(item["name"], archive.tensors[f"{group}/{item['name']}"]
+                       .requires_grad_(bool(item["requires_grad"])))
+                      for item in items]
+              for group, items in archive.manifest["tensors"].items()}
+    write_archive(path, config, archive.signature, dict(archive.programs), groups, versions())
 
 
 def archive_path(out: str | Path, config: dict[str, Any]) -> Path:
