@@ -6,6 +6,7 @@ failed: nothing lost, nothing counted twice."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -84,3 +85,40 @@ def test_a_slow_sender_changes_no_bit(straight, tmp_path):
     slow = _run(tmp_path, "dpsgd", extra=["compute.slowdown=[1, 4, 1]"])
     assert slow.returncode == 0, slow.stderr[-3000:]
     _same_bits(straight("dpsgd", 20), tmp_path)
+
+
+@pytest.mark.multiproc
+def test_a_resumed_run_still_tells_the_restarts_before_it(tmp_path):
+    """A run restarted once, then interrupted after its checkpoint of step 40 (as if): the
+    resume's summary tells the restart of the process before it (failures.json)."""
+    assert _run(tmp_path, "allreduce", FASTSGD_TEST_KILL="1:27").returncode == 0
+    first = json.loads((tmp_path / "summary.json").read_text())["failures"]
+    for name in ("summary.json", "model.pt"):  # what an interrupted run leaves
+        (tmp_path / name).unlink()
+    checkpoint.cut_back(tmp_path, 40)
+    shutil.rmtree(checkpoint.step_dir(tmp_path, 60))
+    resumed = subprocess.run([sys.executable, "-m", "fastsgd", "run", "--resume",
+                              str(tmp_path), "--quiet", "--no-report"], capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failures"] == first and [f["from_step"] for f in first] == [20]
+
+
+@pytest.mark.multiproc
+def test_a_resumed_run_still_tells_the_workers_it_lost_before(tmp_path):
+    """A worker killed at step 27, the survivors shrink and checkpoint at 40 and 60; the run
+    interrupted after 40 (as if) and resumed: its summary still names the lost worker."""
+    done = _run(tmp_path, "allreduce", extra=["run.on_failure=shrink"],
+                FASTSGD_TEST_KILL="2:27")
+    assert done.returncode == 0, done.stderr[-3000:]
+    lost = json.loads((tmp_path / "summary.json").read_text())["lost_workers"]
+    assert [w["worker"] for w in lost] == [2]
+    for name in ("summary.json", "model.pt"):
+        (tmp_path / name).unlink()
+    shutil.rmtree(checkpoint.step_dir(tmp_path, 60))
+    resumed = subprocess.run([sys.executable, "-m", "fastsgd", "run", "--resume",
+                              str(tmp_path), "--quiet", "--no-report"], capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["lost_workers"] == lost

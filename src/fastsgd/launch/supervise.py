@@ -22,6 +22,7 @@ from typing import Any
 from fastsgd.errors import Interrupted, WorkerFailed
 from fastsgd.loop.plan import Plan
 from fastsgd.records import checkpoint
+from fastsgd.records.metrics import add_failure
 from fastsgd.strategies.membership import first_expendable
 
 
@@ -72,8 +73,10 @@ def _restart(plan: Plan, failure: WorkerFailed, restart: int, restarts: int,
     start = f"the checkpoint of step {steps[-1]}" if steps else "the start (no checkpoint)"
     print(f"fastsgd: {failure}{_why_not_without(plan, failure)}; restarting every worker "
           f"from {start} (restart {restart} of {restarts})", file=sys.stderr, flush=True)
-    return {"event": str(failure), "restart": restart, "from_step": steps[-1] if steps else 0,
-            "attempt_wall_time": round(lost, 3)}
+    failed = {"event": str(failure), "restart": restart,
+              "from_step": steps[-1] if steps else 0, "attempt_wall_time": round(lost, 3)}
+    add_failure(plan.run_dir, failed)  # a resume of the run still tells it
+    return failed
 
 
 def _why_not_without(plan: Plan, failure: WorkerFailed) -> str:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Any
 
 import torch
 
+from fastsgd.control import interrupt
 from fastsgd.loop.checked_step import StepChecks
 from fastsgd.loop.observe import EvalLog, target_of
 from fastsgd.loop.plan import Plan
@@ -107,3 +109,14 @@ class LoopContext:
     def score(self, model: torch.nn.Module) -> float:
         """The loss every worker scores a model by (Plan.score)."""
         return self.plan.score(model, self.t.device)
+
+    def lost_workers(self) -> list[dict[str, Any]]:
+        """Who left, at which step, when: those lost before the run was resumed (from its
+        checkpoint), then this process's. On real processes the launcher's shared memory
+        knows how far a dead worker got; rank 0's own view (its last message) may be older."""
+        lost = list(self.state.lost_before)
+        for r, (step, when) in sorted(self.t.departed().items()):
+            done = None if self.plan.simulated else interrupt.steps_done(r)
+            lost.append({"worker": r, "step": step if done is None else done,
+                         "time": round(when - self.state.start, 9)})
+        return lost

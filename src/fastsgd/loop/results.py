@@ -15,7 +15,13 @@ from fastsgd.control import interrupt
 from fastsgd.loop.context import LoopContext
 from fastsgd.loop.evaluate import evaluate
 from fastsgd.loop.observe import METRICS, Target
-from fastsgd.records.metrics import loss_metrics, read_jsonl, write_atomically, write_json
+from fastsgd.records.metrics import (
+    failures_of,
+    loss_metrics,
+    read_jsonl,
+    write_atomically,
+    write_json,
+)
 
 
 def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
@@ -48,18 +54,6 @@ def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
     if ctx.plan.config["run"]["tensorboard"]:  # from the metrics every worker flushed
         ctx.events.file(ctx.wall()).update()
     return written
-
-
-def lost_workers(ctx: LoopContext) -> list[dict[str, Any]]:
-    """Who left, at which step, when. On real processes the launcher's shared memory
-    knows how far a dead worker got; rank 0's own view (its last message from it) may
-    be older."""
-    lost = []
-    for r, (step, when) in sorted(ctx.t.departed().items()):
-        done = None if ctx.plan.simulated else interrupt.steps_done(r)
-        lost.append({"worker": r, "step": step if done is None else done,
-                     "time": round(when - ctx.state.start, 9)})
-    return lost
 
 
 def rejoined_workers(ctx: LoopContext) -> list[dict[str, Any]]:
@@ -116,7 +110,7 @@ def summary(ctx: LoopContext, wall_time: float, end: float, totals: list[float])
         # trained whose work it dropped
         "idle_steps": int(totals[4]), "dropped_steps": int(totals[5]),
         "consensus_distance": number(last[3]), "representative": cfg["run"]["representative"],
-        "lost_workers": lost_workers(ctx),
+        "lost_workers": ctx.lost_workers(),
         "rejoined_workers": rejoined_workers(ctx),
         "mode": "simulated" if ctx.plan.simulated else "real",
         "run_dir": str(ctx.plan.run_dir),
@@ -163,10 +157,12 @@ class Result:
 
 
 def result_of(run_dir: Path, failures: list[dict[str, Any]] | None = None) -> Result:
-    """The run's summary; `failures` (worker processes that died and the restarts that
-    followed) are added to summary.json."""
+    """The run's summary; the failures (worker processes that died and the restarts that
+    followed, in this process: `failures`, and in those it resumes: failures.json) are
+    added to summary.json."""
     path = run_dir / "summary.json"
     summary = json.loads(path.read_text()) if path.exists() else None
+    failures = failures_of(run_dir) or failures
     if summary is not None and failures:
         summary["failures"] = failures
         write_json(path, summary)

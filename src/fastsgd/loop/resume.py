@@ -143,7 +143,7 @@ def loop_state(ctx: LoopContext, began: float) -> dict[str, Any]:
     """The loop's state as a checkpoint or a joining worker takes it, with the evaluation
     log's and the time this checkpoint `began` (a resumed simulation replays its end)."""
     return {**ctx.state.state_dict(ctx.clock(), ctx.wall()), "began": began,
-            "log": ctx.log.state()}
+            "log": ctx.log.state(), "lost_before": ctx.lost_workers()}
 
 
 def sim_state(ctx: LoopContext, step: int) -> dict[str, Any]:

@@ -41,12 +41,14 @@ class LoopState:
     start: float = 0.0  # the transport's clock when training started, shifted on resume
     wall: float = 0.0  # wall seconds of training in earlier attempts
     penultimate: float | None = None  # the run's clock after the second-to-last step
+    lost_before: list = field(default_factory=list)  # summary's lost_workers before a resume
 
     def state_dict(self, clock: float, wall: float) -> dict[str, Any]:
         """Every field, with the run's `clock` and `wall` seconds read now. The keys of
         checkpoints before this type existed are kept: `skipped` holds both skip counters."""
         saved = {f.name: getattr(self, f.name) for f in fields(self)}
         saved["members"] = list(self.members)
+        saved["lost_before"] = list(self.lost_before)
         saved["skipped"] = [self.skipped, saved.pop("bad_in_a_row")]
         saved.update(clock=clock, wall=wall)
         return saved

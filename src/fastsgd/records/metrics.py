@@ -80,6 +80,20 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     write_atomically(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))
 
 
+FAILURES = "failures.json"  # a run's restarts, kept across its processes (a resume)
+
+
+def add_failure(run_dir: Path, failure: dict[str, Any]) -> None:
+    """Record a restart of the run in RUN_DIR/failures.json, beside those before it."""
+    write_json(run_dir / FAILURES, {"failures": [*failures_of(run_dir), failure]})
+
+
+def failures_of(run_dir: Path) -> list[dict[str, Any]]:
+    """Every restart the run went through, in this process and the ones it resumes."""
+    path = run_dir / FAILURES
+    return json.loads(path.read_text())["failures"] if path.is_file() else []
+
+
 def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """`write` into a temporary file beside `path`, on disk (fsync), then renamed over it: a
     crash or a full disk leaves the old file or none, never a torn one; one line naming

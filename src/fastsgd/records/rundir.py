@@ -28,6 +28,7 @@ import torch
 
 from fastsgd.config import VERSION
 from fastsgd.errors import UserError
+from fastsgd.records.metrics import FAILURES
 from fastsgd.records.tensorboard import PREFIX as EVENTS_PREFIX
 from fastsgd.records.tensorboard import SUFFIX as EVENTS_SUFFIX
 
@@ -38,7 +39,7 @@ DOOR = ".door"  # while a run with run.join runs: its launcher's shared state (d
 CLAIMED = ".claimed"
 _HELD: dict[Path, int] = {}  # run directories this process holds (hold): their locks' fds
 RUN_FILES = (CLAIMED, DOOR, "config.toml", "environment.json", "metrics.jsonl", "eval.jsonl",
-             "summary.json", "model.pt")
+             "summary.json", "model.pt", FAILURES)
 _NAME_BYTES = 4096
 
 
