@@ -122,3 +122,28 @@ def test_the_draws_seed_is_compute_seed_or_the_runs():
     section = cfg.load(CHOICES, None, ["compute.sigma=0.5"])["compute"]
     assert heterogeneity(section, 3).seed == 3  # compute.seed = -1: the run's
     assert heterogeneity({**section, "seed": 5}, 3).seed == 5
+
+
+# a lossy all-reduce of 2 workers encodes the whole vector (to scatter it) and then its own
+# reduced half (to gather it): 1.5 vectors (compress/collectives.py)
+@pytest.mark.parametrize("strategy,options,encodes", [
+    ("allreduce", {}, 8 * 1.5),  # the gradient, every step
+    ("localsgd", {"strategy.period": 4}, 2 * 1.5)])  # the parameters, once a round
+def test_a_codec_is_charged_as_much_as_the_strategy_encodes(strategy, options, encodes,
+                                                             tmp_path):
+    """compute.codec (one whole gradient's encode and decode) charged for what the strategy
+    encodes, where it encodes it (issue 51, item 2): localsgd was charged it every step,
+    whether it encoded or not."""
+    import fastsgd as fs
+
+    def run(codec: str) -> float:
+        settings = {"data.name": "digits", "model.name": "mlp", "run.workers": 2,
+                    "run.steps": 8, "run.eval_every": 0, "compute.model": "fixed",
+                    "compute.step_time": "3ms", "compute.codec": "10ms",
+                    "network.bandwidth": "1000Gbit", "network.latency": "0s",
+                    "strategy.name": strategy, **options, "compression.name": codec,
+                    "run.out": str(tmp_path / codec)}
+        return fs.Job(options=settings, quiet=True, report=False).simulate().summary[
+            "simulated_time"]
+
+    assert run("fp16") - run("none") == pytest.approx(encodes * 0.010, abs=2e-4)

@@ -192,7 +192,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "forward": _time("time of one forward pass (profile measures it)"),
         "backward": _time("time of one backward pass (profile measures it)"),
         "update": _time("time of one optimizer step (profile measures it)"),
-        "codec": _time("time to encode + decode one step's gradient (profile measures it)"),
+        "codec": _time("time to encode + decode one whole gradient (profile measures it); "
+                       "charged for what the strategy encodes"),
         "reduce_bandwidth": Option(str, "", bandwidth_check, "rate of adding a received vector "
                                    "into one's own, e.g. 10GB (profile measures it)"),
         "slowdown": Option(list, [], _slowdowns, "per-worker compute factors, e.g. [1, 1, 1, 3]"),

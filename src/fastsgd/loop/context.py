@@ -36,7 +36,6 @@ class LoopContext:
         self.t = replica.transport
         # torch's own zero_grad only frees gradients (a user's optimizer may do more in its)
         self.own_zero_grad = type(optimizer).zero_grad is torch.optim.Optimizer.zero_grad
-        self.codec = plan.compressor.name != "none"
         self.rank, self.world = self.t.rank, self.t.world_size
         self.state = LoopState(members=list(range(self.world)))
         self.checked_step = StepChecks(plan.step, self.weights, f"worker {self.rank}: ")

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from fastsgd.compress import Compressor, Identity, build_compressor
+from fastsgd.compress.metered import Metered
 from fastsgd.errors import UserError
 from fastsgd.strategies import (
     Context,
@@ -59,8 +60,12 @@ class Replica:
         self.params = [*model.parameters(),
                        *(b for b in model.buffers() if b.is_floating_point())]
         self.strategy = strategy
-        self.ctx = Context(transport, compressor or Identity(), total_steps=total_steps,
-                           optimizer=optimizer)
+        codec = compressor or Identity()
+        if codec.name != "none":  # its time charged as much as it encodes (the simulator)
+            elements = sum(p.numel() for p in model.parameters() if p.requires_grad) or 1
+            codec = Metered(codec, lambda n: transport.compute("codec", self.ctx.step,
+                                                               share=n / elements))
+        self.ctx = Context(transport, codec, total_steps=total_steps, optimizer=optimizer)
         self._warned = False
         check_codec(strategy, self.ctx.compressor, transport.world_size)
         if not joining:  # a worker joining a running job gets its state from a peer

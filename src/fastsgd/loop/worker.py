@@ -131,8 +131,6 @@ def step(ctx: LoopContext, k: int) -> float:
     check_finite(ctx, k, value, finite)
     straggle(ctx, k, now() - t2)
     t4 = now()
-    if ctx.codec:
-        t.compute("codec", k)
     resume.kill_if_asked(ctx.rank, k + 1, "gradients")  # fault tests (tests/faults)
     ctx.replica.sync_gradients()
     t5 = now()

@@ -156,9 +156,10 @@ class Transport(Protocol):
         """Exclude the time since the last call from the simulated clock (no-op when real)."""
         ...
 
-    def compute(self, phase: str, step: int) -> None:
+    def compute(self, phase: str, step: int, share: float = 1.0) -> None:
         """`phase` (forward, backward, update, codec) of `step` is done: the simulator charges
-        its compute model's time for it (no-op when real)."""
+        its compute model's time for it, times `share` (the codec's: the part of a whole
+        gradient it encoded); a no-op when real."""
         ...
 
     def offload(self, work: Callable[[Callable[[], None]], Any],

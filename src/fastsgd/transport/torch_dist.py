@@ -238,7 +238,7 @@ class TorchTransport(Messaging, Membership):
     def off_clock(self) -> None:
         """Real time cannot be paused; kept for symmetry with the simulator."""
 
-    def compute(self, phase: str, step: int) -> None:
+    def compute(self, phase: str, step: int, share: float = 1.0) -> None:
         """Real compute took the time it took: nothing to charge; the step stamps messages."""
         self._step = step
 

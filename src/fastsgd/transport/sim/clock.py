@@ -40,8 +40,9 @@ class SimClock:
         """Resume: this worker's clock where the checkpoint left it."""
         self.scheduler.workers[self.rank].clock = ns
 
-    def compute(self, phase: str, step: int) -> None:
-        """Charge the compute model's time for `phase` of `step` (compute.py; `_start_asked`)."""
+    def compute(self, phase: str, step: int, share: float = 1.0) -> None:
+        """Charge the compute model's time for `phase` of `step`, times `share` (compute.py;
+        `_start_asked`)."""
         model, rank = self.fabric.compute, self.rank
         now = self.scheduler.now(rank)
         self._step = step
@@ -55,6 +56,7 @@ class SimClock:
         start = model.available_ns(rank, now)
         self.scheduler.charge(rank, start - now)
         ns = model.phase_ns(phase, rank, step, start)
+        ns = ns if share == 1.0 else round(ns * share)
         self.scheduler.charge(rank, ns - (self._start_asked(ns) if phase == "backward" else 0))
         if phase == "update":  # once a step: workers that never talk (hogwild) interleave
             self.scheduler.yield_(rank)
