@@ -15,7 +15,6 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import torch
@@ -23,13 +22,13 @@ import torch
 from fastsgd.control import interrupt
 from fastsgd.errors import UserError
 from fastsgd.loop import recovery, rejoin, resume
+from fastsgd.loop.accumulate import forward_backward
 from fastsgd.loop.context import LoopContext
 from fastsgd.loop.evaluate import evaluate
 from fastsgd.loop.plan import Plan
 from fastsgd.loop.replica import Replica
 from fastsgd.loop.results import finish
 from fastsgd.records.metrics import PHASES
-from fastsgd.strategies.params import all_finite
 from fastsgd.transport.base import GroupBroken, Transport
 
 
@@ -162,55 +161,6 @@ def log_step(ctx: LoopContext, k: int, loss: float, when: float, timings: tuple[
         "staleness": ctx.replica.ctx.stats.get("staleness", 0)})
 
 
-def forward_backward(ctx: LoopContext, x: torch.Tensor, y: torch.Tensor,
-                     charged: Callable[[], None]) -> tuple[float, bool]:
-    """Forward and backward of each of the run.accumulate micro-batches, `charged()` after
-    the last forward; the batch's loss, and whether it and the gradients are finite (read
-    here: the simulator may run this on a compute lane, transport.offload, and the
-    gradients are still in its cache). A micro-batch whose loss is not finite ends it
-    there: the step is skipped (check_finite)."""
-    parts = min(ctx.accumulate, len(x))
-    micro = list(zip(x.tensor_split(parts), y.tensor_split(parts)))
-    total = 0.0
-    for i, batch in enumerate(micro):
-        last = i == parts - 1
-        with held(ctx, last):
-            with ctx.precision.autocast():  # the forward only: backward follows its ops
-                loss = ctx.checked_step(ctx.replica.forward_module, batch)
-            if last:
-                charged()
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                if not last:
-                    charged()
-                return value, False
-            # each micro-batch weighs its samples: the mean over the batch, as one backward
-            share = len(batch[0]) / len(x)
-            total += value * share
-            weight = ctx.state.weight * share
-            ctx.precision.backward(loss * weight if weight != 1 else loss)
-    ctx.checked_step.backward_done()
-    ctx.precision.unscale(ctx.optimizer)  # fp16: before the strategy sees the gradients
-    return total, all_finite([p.grad.detach() for p in ctx.weights if p.grad is not None])
-
-
-def held(ctx: LoopContext, last: bool) -> AbstractContextManager[object]:
-    """Where a backward's gradients must not leave the worker yet: the micro-batches before
-    the last (allreduce's hooks and DDP's reducer would send each, as DDP's no_sync
-    avoids), and under fp16 the last too from the strategy's hooks, as its gradients are
-    still scaled (DDP's reducer may send them: every worker then unscales the same mean
-    with the same scale, so its scaler stays in step)."""
-    stack = ExitStack()
-    if not last or ctx.precision.holds_gradients:
-        no_sync = getattr(ctx.replica.strategy, "no_sync", None)
-        if callable(no_sync):
-            stack.enter_context(no_sync())
-    wrapper = ctx.replica.forward_module
-    if not last and wrapper is not ctx.model and callable(getattr(wrapper, "no_sync", None)):
-        stack.enter_context(wrapper.no_sync())
-    return stack
-
-
 def update(ctx: LoopContext, k: int, charged: Callable[[], None]) -> None:
     """Step `k`'s learning rate (schedule.py), the gradient's clipping (the gradient the
     strategy left: synchronous ones' mean, the others' own), the optimizer step, then
@@ -259,4 +209,3 @@ def straggle(ctx: LoopContext, k: int, seconds: float) -> None:
     factor = 1.0 if ctx.plan.simulated else ctx.spread.factor(ctx.rank, k)
     if factor > 1:
         time.sleep((factor - 1) * seconds)
-
