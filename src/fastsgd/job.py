@@ -32,12 +32,12 @@ from fastsgd.loop.components import (
     model_factory,
     record,
 )
+from fastsgd.loop.kit.optimizers import OptimizerFn, optimizer_from_config
+from fastsgd.loop.kit.precision import check_precision
+from fastsgd.loop.kit.schedule import check as check_schedule
 from fastsgd.loop.language import for_data, gpt_factory
-from fastsgd.loop.optimizers import OptimizerFn, optimizer_from_config
 from fastsgd.loop.plan import EvalFn, Plan, StepFn, evaluate_classifier
-from fastsgd.loop.precision import check_precision
 from fastsgd.loop.results import Result, result_of
-from fastsgd.loop.schedule import check as check_schedule
 from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.records.checkpoint import steps
 from fastsgd.records.resumable import check_not_finished, check_unchanged

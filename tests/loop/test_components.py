@@ -15,7 +15,7 @@ from fastsgd.config import schema as cfg
 from fastsgd.config.objects import import_path, resolve
 from fastsgd.errors import ConfigError
 from fastsgd.loop.components import record
-from fastsgd.loop.optimizers import record_optimizer
+from fastsgd.loop.kit.optimizers import record_optimizer
 from fastsgd.strategies import CHOICES
 
 
@@ -187,7 +187,7 @@ def test_own_strategy_class_is_recorded_and_rebuilt(synthetic, tmp_path):
 def test_config_optimizers_take_the_bits_of_torchs_default_path(section, synthetic):
     """sgd and adam from [optimizer] run torch's multi-tensor update (fewer calls per step):
     the parameters are those of the optimizer as torch builds it by default, bit for bit."""
-    from fastsgd.loop.optimizers import optimizer_from_config
+    from fastsgd.loop.kit.optimizers import optimizer_from_config
 
     kwargs = {k: v for k, v in section.items() if k != "name"}
     default = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}[section["name"]]

@@ -11,7 +11,7 @@ import torch
 
 import fastsgd as fs
 from fastsgd.errors import UserError
-from fastsgd.loop.optimizers import optimizer_from_config
+from fastsgd.loop.kit.optimizers import optimizer_from_config
 from fastsgd.records import checkpoint
 from tests.conftest import max_abs_diff
 

@@ -11,7 +11,7 @@ import torch
 
 import fastsgd as fs
 from fastsgd.config.objects import import_path
-from fastsgd.loop.optimizers import record_optimizer
+from fastsgd.loop.kit.optimizers import record_optimizer
 from fastsgd.records import checkpoint
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastsgd.errors import ConfigError
-from fastsgd.loop.schedule import Schedule, check, factor
+from fastsgd.loop.kit.schedule import Schedule, check, factor
 
 
 def section(**kit):

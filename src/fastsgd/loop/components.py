@@ -27,7 +27,7 @@ from fastsgd.config.objects import (
 from fastsgd.config.options import Configurable, Registry
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks.base import model_loss_step
-from fastsgd.loop.optimizers import record_optimizer
+from fastsgd.loop.kit.optimizers import record_optimizer
 from fastsgd.loop.plan import cross_entropy_step, evaluate_classifier
 from fastsgd.strategies import STRATEGIES, check_strategy
 from fastsgd.workloads.data import SEEDED_DATASETS, Dataset

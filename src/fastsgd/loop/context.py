@@ -14,11 +14,11 @@ import torch
 
 from fastsgd.control import interrupt
 from fastsgd.loop.checked_step import StepChecks
+from fastsgd.loop.kit.precision import Precision
+from fastsgd.loop.kit.schedule import Schedule
 from fastsgd.loop.observe import EvalLog, target_of
 from fastsgd.loop.plan import Plan
-from fastsgd.loop.precision import Precision
 from fastsgd.loop.replica import Replica
-from fastsgd.loop.schedule import Schedule
 from fastsgd.loop.state import LoopState
 from fastsgd.records.metrics import JsonLines
 from fastsgd.records.progress import Progress

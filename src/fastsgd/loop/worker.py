@@ -22,9 +22,9 @@ import torch
 from fastsgd.control import interrupt
 from fastsgd.errors import UserError
 from fastsgd.loop import recovery, rejoin, resume
-from fastsgd.loop.accumulate import forward_backward
 from fastsgd.loop.context import LoopContext
 from fastsgd.loop.evaluate import evaluate
+from fastsgd.loop.kit.accumulate import forward_backward
 from fastsgd.loop.plan import Plan
 from fastsgd.loop.replica import Replica
 from fastsgd.loop.results import finish
