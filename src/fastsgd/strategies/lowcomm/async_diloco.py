@@ -9,7 +9,10 @@ plays beside training (a handler, as in `ps`: on the receiver thread of a real p
 arrival time in the simulator); it holds the global parameters and the outer momentum.
 
 Order of application (the outer step is DiLoCo's: m <- mu m + g; global <- global - lr (g +
-mu m), Nesterov SGD with `outer_lr` 0.7 and `outer_momentum` 0.9):
+mu m), Nesterov SGD; by default `outer_lr` 1 and no momentum, where DiLoCo has 0.7 and 0.9:
+under staleness the momentum compounds pseudo-gradients taken from stale anchors. On the
+GPT of experiments/frontier.toml, 8 workers, staleness 2, quorum 1, momentum 0.9 ended at
+validation loss 3.16, momentum 0 at 2.46, synchronous DiLoCo at 2.50):
 
 - `staleness` = 0 (lockstep): the server adds up a round's pseudo-gradients and, once every
   worker's is in, takes one outer step on their mean, then answers them all: exactly
@@ -82,15 +85,16 @@ class AsyncDiLoCo(StrategyBase):
                          steps=True),
         "staleness": Option(int, 2, at_least(0),
                             "rounds a worker may run ahead of the slowest (0: lockstep DiLoCo)"),
-        "outer_lr": Option(float, 0.7, positive, "outer (Nesterov SGD) learning rate"),
-        "outer_momentum": Option(float, 0.9, between(0, 0.999), "outer momentum"),
+        # no outer momentum by default: under staleness it compounds stale pseudo-gradients
+        "outer_lr": Option(float, 1.0, positive, "outer (Nesterov SGD) learning rate"),
+        "outer_momentum": Option(float, 0.0, between(0, 0.999), "outer momentum"),
         "nesterov": Option(bool, True, doc="Nesterov outer momentum (false: heavy ball)"),
         "quorum": Option(float, 0.75, between(1e-9, 1.0),
                          "share of the workers the bound and the end wait for (staleness > 0)"),
     }
 
-    def __init__(self, period: int = 500, staleness: int = 2, outer_lr: float = 0.7,
-                 outer_momentum: float = 0.9, nesterov: bool = True, quorum: float = 0.75):
+    def __init__(self, period: int = 500, staleness: int = 2, outer_lr: float = 1.0,
+                 outer_momentum: float = 0.0, nesterov: bool = True, quorum: float = 0.75):
         self.period, self.staleness, self.quorum = period, staleness, quorum
         self.outer_lr, self.momentum, self.nesterov = outer_lr, outer_momentum, nesterov
         self._waiting: list[int] = []  # server: workers whose push awaits its answer
