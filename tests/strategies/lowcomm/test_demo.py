@@ -13,7 +13,6 @@ import torch
 
 import fastsgd as fs
 from fastsgd.strategies.lowcomm.demo import DeMo, as_matrix, chunk_size, dct_matrix, decode, encode
-from fastsgd.testing import check_strategy
 from fastsgd.transport.sim import simulate
 from tests.strategies.helpers import assert_resumes_bitwise, sim_job
 
@@ -206,12 +205,6 @@ def test_state_is_saved_and_restored():
             rep.sync_parameters()
 
     assert_resumes_bitwise(2, replica, steps)
-
-
-@pytest.mark.multiproc
-def test_conformance_suite_real_equals_simulated(tmp_path):
-    ran = check_strategy(PATH, real=True, out=tmp_path)
-    assert ran == ["determinism", "resume", "drain", "real equals simulated"]
 
 
 def test_survivors_of_a_lost_worker_go_on_identical(tmp_path):

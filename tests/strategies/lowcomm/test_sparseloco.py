@@ -13,7 +13,6 @@ import torch
 import fastsgd as fs
 from fastsgd.compress import build_compressor
 from fastsgd.strategies.lowcomm.sparseloco import SparseLoCo
-from fastsgd.testing import check_strategy
 from fastsgd.transport.sim import simulate
 from tests.strategies.helpers import sim_job
 
@@ -258,9 +257,3 @@ def test_real_processes_shrink_around_a_worker_killed_in_its_exchange(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [lost["worker"] for lost in summary["lost_workers"]] == [2]
     assert summary["steps"] == 20 and summary["consensus_distance"] == 0
-
-
-@pytest.mark.multiproc
-def test_conformance_suite_real_equals_simulated(tmp_path):
-    ran = check_strategy(PATH, real=True, out=tmp_path)
-    assert ran == ["determinism", "resume", "drain", "real equals simulated"]
