@@ -1,5 +1,6 @@
 """Small runs shared by the strategy tests."""
 
+import pytest
 import torch
 
 import fastsgd as fs
@@ -53,3 +54,10 @@ def assert_resumes_bitwise(workers: int, replica, steps, total: int = 12) -> Non
 
     for a, b in zip(simulate(workers, straight), simulate(workers, resumed)):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def refused_in_one_line(run, message: str) -> None:
+    """`run()` ends in a UserError matching `message`, in one line."""
+    with pytest.raises(fs.UserError, match=message) as caught:
+        run()
+    assert "\n" not in str(caught.value)
