@@ -9,7 +9,7 @@ from fastsgd.compress import CODECS, build_compressor
 from fastsgd.compress.bits import pack_bits, unpack_bits
 from fastsgd.compress.powersgd import orthonormal
 from fastsgd.compress.quantize import blocks
-from fastsgd.compress.wire import pack, unpack
+from fastsgd.compress.wire import DTYPES, pack, unpack
 from fastsgd.errors import UserError
 from tests.compress.helpers import FP32, NUMEL, gradient
 
@@ -201,6 +201,22 @@ def test_unpack_without_copy_views_the_aligned_fields_and_copies_the_rest(values
 
 def _shares(t: torch.Tensor, buffer: torch.Tensor) -> bool:
     return t.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d is not None], ids=str)
+def test_every_dtype_the_wire_carries_round_trips_bitwise(dtype):
+    """A user's codec may send int8 codes, uint16 indices or float8 values."""
+    raw = torch.randint(0, 256, (48,), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(1))
+    values = raw.view(dtype) if dtype != torch.bool else raw % 2 == 1
+    back = unpack(pack({"values": values, "scale": torch.ones(1)}), ["values", "scale"])
+    assert back["values"].dtype == dtype
+    assert torch.equal(back["values"].view(torch.uint8), values.view(torch.uint8))
+
+
+def test_a_dtype_the_wire_does_not_carry_is_named_in_one_line():
+    with pytest.raises(UserError, match="a bits8 tensor, which cannot cross the wire.*int8"):
+        pack({"values": torch.zeros(4, dtype=torch.uint8).view(torch.bits8)})
 
 
 def test_a_malformed_payload_names_its_sender():

@@ -15,8 +15,13 @@ import torch
 from fastsgd.compress.base import Payload
 from fastsgd.errors import UserError
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.int32, torch.int64,
-          torch.float64]
+# A dtype's code is its place here: new ones go at the end, so old buffers keep parsing. Every
+# float, integer, bool and complex dtype torch has (the float8s and the wide unsigned ints
+# where this torch has them); not the quantized ones (a scale rides beside their values).
+_NAMES = ("float32", "float16", "bfloat16", "uint8", "int32", "int64", "float64", "int8",
+          "int16", "uint16", "uint32", "uint64", "bool", "complex32", "complex64", "complex128",
+          "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+DTYPES = [getattr(torch, name, None) for name in _NAMES]  # None: absent from this torch
 _WORD = 8
 
 
@@ -31,7 +36,7 @@ def pack(payload: Mapping[str, torch.Tensor | Sequence[torch.Tensor]]) -> torch.
     for field in parts:
         if len({t.dtype for t in field}) != 1:
             raise ValueError(f"a packed field mixes dtypes: {[t.dtype for t in field]}")
-        words += [DTYPES.index(field[0].dtype), sum(t.numel() for t in field)]
+        words += [_code(field[0].dtype), sum(t.numel() for t in field)]
     header = torch.tensor(words, dtype=torch.int64, device=device).view(torch.uint8)
     return torch.cat([header, *(t.to(device).view(torch.uint8) for f in parts for t in f)])
 
@@ -42,7 +47,7 @@ def pack_rows(payload: Mapping[str, torch.Tensor]) -> torch.Tensor:
     fields = [t.contiguous() for t in payload.values()]
     words = [len(fields)]
     for field in fields:
-        words += [DTYPES.index(field.dtype), field.shape[1]]
+        words += [_code(field.dtype), field.shape[1]]
     header = torch.tensor(words, dtype=torch.int64, device=fields[0].device).view(torch.uint8)
     return torch.cat([header.expand(fields[0].shape[0], -1),
                       *(field.view(torch.uint8) for field in fields)], 1)
@@ -61,7 +66,9 @@ def unpack(buffer: torch.Tensor, keys: list[str], sender: int | str = "?",
         words = _words(buffer, _WORD, 2 * count)
         out, offset = {}, _WORD * (1 + 2 * count)
         for key, code, numel in zip(keys, words[::2], words[1::2]):
-            dtype = DTYPES[code]
+            dtype = DTYPES[code] if 0 <= code < len(DTYPES) else None
+            if dtype is None:
+                raise ValueError(f"dtype code {code} is not one this torch carries")
             item = dtype.itemsize
             field = buffer[offset:offset + numel * item]
             aligned = (buffer.storage_offset() + offset) % item == 0  # else a view is refused
@@ -94,6 +101,15 @@ def unpack_rows(buffers: Sequence[torch.Tensor], keys: list[str],
         out[key] = stacked[:, offset:offset + size].contiguous().view(field.dtype)
         offset += size
     return out
+
+
+def _code(dtype: torch.dtype) -> int:
+    """`dtype`'s code on the wire; a UserError naming it where none is carried."""
+    if dtype not in DTYPES:
+        carried = ", ".join(str(d).removeprefix("torch.") for d in DTYPES if d is not None)
+        raise UserError(f"a codec's payload holds a {str(dtype).removeprefix('torch.')} "
+                        f"tensor, which cannot cross the wire: payload dtypes are {carried}")
+    return DTYPES.index(dtype)
 
 
 def _words(buffer: torch.Tensor, start: int, count: int) -> tuple[int, ...]:
