@@ -92,14 +92,16 @@ def orphans(marker: str) -> list[int]:
 
 
 def interrupt_once_training(cmd: list[str], out: Path, sig: int = signal.SIGINT,
-                            group: bool = False) -> subprocess.CompletedProcess:
-    """Start `cmd` (a run writing to `out`), send it `sig` once training has started (to its
-    whole process group, as `timeout` or a closing terminal do, if `group`), and check it
-    ends within 5 s; what it printed on stderr and its exit code."""
+                            group: bool = False, past_step: int = 0,
+                            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Start `cmd` (a run writing to `out`), send it `sig` once training has started (and
+    logged a step past `past_step`), to its whole process group, as `timeout` or a closing
+    terminal do, if `group`; check it ends within 5 s; what it printed on stderr and its exit
+    code."""
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=group,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     deadline = time.monotonic() + 120
-    while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
+    while not _logged_past(out / "metrics.jsonl", past_step) and time.monotonic() < deadline:
         time.sleep(0.2)  # training has started
     began = time.monotonic()
     if group:
@@ -109,6 +111,12 @@ def interrupt_once_training(cmd: list[str], out: Path, sig: int = signal.SIGINT,
     _, err = proc.communicate(timeout=60)
     assert time.monotonic() - began < 5, err[-3000:]
     return subprocess.CompletedProcess(cmd, proc.returncode, "", err)
+
+
+def _logged_past(metrics: Path, step: int) -> bool:
+    if not metrics.exists():
+        return False
+    return step == 0 or f'"step": {step + 1},' in metrics.read_text()
 
 
 def pytest_collection_modifyitems(items):

@@ -283,6 +283,25 @@ def test_sigterm_and_sighup_stop_every_worker_with_a_checkpoint(sig, tmp_path):
     assert not orphans(str(out))
 
 
+# Ctrl-C after a worker was lost and the others shrank: they still stop with a checkpoint,
+# and the line says so (it said "the workers had to be killed", counting the lost one).
+@pytest.mark.multiproc
+def test_ctrl_c_after_a_shrink_stops_the_survivors_with_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    args = [a for item in ("run.steps=100000", f"run.out={out}", "data.name=digits",
+                           "model.name=mlp", "run.workers=3", "run.on_failure=shrink")
+            for a in ("--set", item)]
+    done = interrupt_once_training([sys.executable, "-m", "fastsgd", "run", "--quiet", *args],
+                                   out, past_step=40, env={"FASTSGD_TEST_KILL": "2:27"})
+    assert done.returncode == 130, done.stderr[-3000:]
+    step = checkpoint.steps(out)[-1]
+    assert step > 27
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"fastsgd: interrupted: every worker stopped after step {step} and wrote a "
+        f"checkpoint; resume with: fastsgd run --resume {out}")
+    assert not orphans(str(out))
+
+
 # The launcher killed -9: its workers die with it (they would train on unsupervised).
 @pytest.mark.multiproc
 def test_workers_die_with_a_launcher_killed_by_sigkill(tmp_path):

@@ -270,6 +270,7 @@ def _stop(procs: list[mp.process.BaseProcess], stop: Stop) -> None:
     deadline = time.monotonic() + STOP_WITHIN
     started = [p for p in procs if p.pid is not None]  # a Ctrl-C may come while they start
     running = [p for p in started if p.is_alive()]
+    asked = list(running)  # not those lost before (a shrink): the others went on without them
     try:
         while running and time.monotonic() < deadline:
             ended = connection.wait([p.sentinel for p in running], deadline - time.monotonic())
@@ -278,7 +279,8 @@ def _stop(procs: list[mp.process.BaseProcess], stop: Stop) -> None:
         pass
     for p in started:
         p.join(timeout=0 if running else None)
-    clean = len(started) == len(procs) and not running and all(p.exitcode == 0 for p in procs)
+    clean = (len(started) == len(procs) and bool(asked) and not running
+             and all(p.exitcode == 0 for p in asked))
     raise Interrupted(step=step if clean else None)
 
 
