@@ -137,6 +137,11 @@ def test_another_strategy_drops_the_keys_of_the_one_the_file_chose(tmp_path):
     c = cfg.load(CHOICES, path, ["strategy.name=dpsgd", "compression.name=qsgd"])
     assert c["strategy"]["name"] == "dpsgd" and "bucket_mb" not in c["strategy"]
     assert c["compression"]["name"] == "qsgd" and "ratio" not in c["compression"]
+    # a key both know is the other one's too: allreduce's overlap (a bool) is not diloco's
+    # (an int), nor is diloco's period localsgd's
+    assert cfg.load(CHOICES, path, ["strategy.name=diloco"])["strategy"]["overlap"] == 0
+    path.write_text(cfg.to_toml(cfg.load(CHOICES, None, ["strategy.name=diloco"])))
+    assert cfg.load(CHOICES, path, ["strategy.name=localsgd"])["strategy"]["period"] == 8
     with pytest.raises(ConfigError, match="unknown config key 'strategy.bucket_mb'"):
         cfg.load(CHOICES, path, ["strategy.bucket_mb=3", "strategy.name=dpsgd"])  # given: checked
     path.write_text('[strategy]\nname = "dpsgd"\ntopolgy = "ring"\n')

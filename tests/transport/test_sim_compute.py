@@ -147,3 +147,48 @@ def test_a_codec_is_charged_as_much_as_the_strategy_encodes(strategy, options, e
             "simulated_time"]
 
     assert run("fp16") - run("none") == pytest.approx(encodes * 0.010, abs=2e-4)
+
+
+@pytest.mark.parametrize("strategy,options,rounds", [
+    ("allreduce", {}, 0),  # no work of its own: the optimizer steps on the averaged gradient
+    ("localsgd", {"strategy.period": 4}, 2),  # an average after steps 4 and 8
+    ("diloco", {"strategy.period": 4}, 2),  # the outer step
+    ("diloco", {"strategy.period": 4, "strategy.fragments": 2}, None),  # each fragment's
+    # syncs, at its share of the model (_fragment_rounds)
+    ("bmuf", {"strategy.period": 2}, 4)])
+def test_the_strategys_own_work_is_charged_once_a_round(strategy, options, rounds, tmp_path):
+    """compute.strategy (the strategy's round over the whole model: an average, an outer
+    step) charged for the share of the model each round covers, where it does it (issue
+    51, item 2)."""
+    import fastsgd as fs
+
+    def run(seconds: str) -> float:
+        settings = {"data.name": "digits", "model.name": "mlp", "run.workers": 2,
+                    "run.steps": 8, "run.eval_every": 0, "compute.model": "fixed",
+                    "compute.step_time": "3ms", "compute.strategy": seconds,
+                    "network.bandwidth": "1000Gbit", "network.latency": "0s",
+                    "strategy.name": strategy, **options, "run.out": str(tmp_path / seconds)}
+        return fs.Job(options=settings, quiet=True, report=False).simulate().summary[
+            "simulated_time"]
+
+    if options.get("strategy.fragments"):  # the charged shares are the fragments' sizes
+        rounds = _fragment_rounds(options["strategy.period"], 8)
+    assert run("10ms") - run("0s") == pytest.approx(rounds * 0.010, abs=2e-5)
+
+
+def _fragment_rounds(period: int, steps: int) -> float:
+    """The whole-model rounds 2 fragments of the digits MLP sync in `steps` steps: each
+    its share of the parameters, per sync (strategies/diloco.py `due`, and all at the end)."""
+    from fastsgd.strategies.diloco import DiLoCo, split
+    from fastsgd.workloads.data import load_dataset
+    from fastsgd.workloads.models import build_model
+
+    digits = load_dataset("digits", seed=0)
+    model = build_model("mlp", tuple(digits.train_x.shape[1:]), digits.num_classes)
+    sizes = [p.numel() for p in model.parameters()]
+    groups = split(sizes, 2)
+    shares = [sum(sizes[a:b]) / sum(sizes) for a, b in groups]
+    strategy = DiLoCo(period=period, fragments=2)
+    syncs = [sum(1 for s in range(steps) if strategy.due(f, s) or s == steps - 1)
+             for f in range(2)]
+    return sum(n * share for n, share in zip(syncs, shares))

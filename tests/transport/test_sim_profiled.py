@@ -9,10 +9,10 @@ from fastsgd.config import schema as cfg
 from fastsgd.errors import ConfigError
 from fastsgd.loop.profiling import KEYS
 from fastsgd.strategies import CHOICES
+from fastsgd.transport.sim.compute import TIMES
 
 SMALL = {"data.name": "digits", "model.name": "mlp", "run.workers": 2, "run.steps": 4,
          "run.eval_every": 0, "data.batch_size": 16}
-TIMES = KEYS[:5]
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +36,25 @@ def test_the_profile_writes_what_it_measured_for(profiled):
     written = compute["profiled"]
     assert (written["model.name"], written["data.batch_size"], written["compression.name"],
             written["dtype"]) == ("mlp", 16, "none", "float32")
-    assert "optimizer.lr" not in written and "strategy.name" not in written
+    assert "optimizer.lr" not in written and written["strategy.name"] == "allreduce"
     assert all(written[k] == compute[k] != "" for k in TIMES)
 
 
-@pytest.mark.parametrize("options", [{"strategy.name": "dpsgd"}, {"run.workers": 3},
+def test_another_strategy_measures_only_its_own_round(profiled, tmp_path, capsys):
+    """So strategies are compared on the same forward, backward and update: only
+    compute.strategy (its own work, an outer step here) is measured again, without a word."""
+    again = _again(profiled, tmp_path / "b", capsys, **{"strategy.name": "diloco",
+                                                       "strategy.period": 2})
+    written = cfg.load(CHOICES, profiled)["compute"]
+    assert again["said"] == ""
+    assert {k: again[k] for k in TIMES if k != "strategy"} == {
+        k: written[k] for k in TIMES if k != "strategy"}
+    assert again["strategy"] != "0us" and again["profiled"]["strategy"] == again["strategy"]
+    assert again["profiled"]["strategy.name"] == "diloco"
+    assert again["profiled"]["strategy.period"] == 2
+
+
+@pytest.mark.parametrize("options", [{"run.workers": 3},
                                      {"run.seed": 4, "optimizer.lr": 0.1}])
 def test_what_does_not_change_the_times_keeps_them(options, profiled, tmp_path, capsys):
     again = _again(profiled, tmp_path / "b", capsys, **options)

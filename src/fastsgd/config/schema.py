@@ -194,6 +194,9 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "update": _time("time of one optimizer step (profile measures it)"),
         "codec": _time("time to encode + decode one whole gradient (profile measures it); "
                        "charged for what the strategy encodes"),
+        "strategy": _time("time of the strategy's own work in one round over the whole "
+                          "model: an average, an outer step (profile measures it); charged "
+                          "for the share a round covers"),
         "reduce_bandwidth": Option(str, "", bandwidth_check, "rate of adding a received vector "
                                    "into one's own, e.g. 10GB (profile measures it)"),
         "slowdown": Option(list, [], _slowdowns, "per-worker compute factors, e.g. [1, 1, 1, 3]"),
@@ -276,15 +279,17 @@ def tables(raw: dict, source: str = "") -> dict:
 def with_options(raw: dict, options: dict[str, Any], choices: Choices, source: str = "") -> dict:
     """A copy of `raw` (a file's sections) with `options` {"section.key": value} set in it.
     An option that picks another strategy or codec than the file does drops the file's keys
-    of that section that the new one does not know: they configured the other one (a run's
-    config.toml run again with another strategy). The options' own keys stay checked."""
+    of that section: they configured the other one (a run's config.toml, which records
+    every option, run again with another strategy: allreduce's `overlap = true` is not
+    diloco's `overlap`, nor diloco's default period localsgd's). The options' own keys stay
+    checked."""
     raw = tables(raw, source)
     for key, value in options.items():
         section, _, name = key.partition(".")
         if not name:
             raise ConfigError(f"option {key!r}: the key must be section.name, e.g. run.steps")
         if section in OPEN_SECTIONS and name == "name":
-            raw[section] = _switched(choices[section], raw.get(section, {}), value,
+            raw[section] = _switched(raw.get(section, {}), value,
                                      SCHEMA[section]["name"].default)
     for key, value in options.items():
         section, _, name = key.partition(".")
@@ -292,13 +297,12 @@ def with_options(raw: dict, options: dict[str, Any], choices: Choices, source: s
     return raw
 
 
-def _switched(registry: Registry, values: dict, name: Any, default: str) -> dict:
-    """`values` of a strategy or codec section, less what `name` (the new choice) does not
-    know, if it is another than values' own."""
+def _switched(values: dict, name: Any, default: str) -> dict:
+    """`values` of a strategy or codec section, or nothing of them if `name` (the new
+    choice) is another than values' own."""
     if not isinstance(name, str) or name == values.get("name", default):
         return values
-    known = getattr(registry.get(name), "OPTIONS", {})
-    return {k: v for k, v in values.items() if k == "name" or k in known}
+    return {}
 
 
 def validate(raw: dict, choices: Choices) -> dict:

@@ -7,14 +7,17 @@ a throwaway copy of the model, with worker 0's batches.
 
 With the times, profile writes `compute.profiled`: what they were measured for (the keys
 that change them: the model, its step, its parameters' count and dtype, the input's shape,
-the batch size, the optimizer but its learning rate, the codec) and the times themselves.
-A config whose times were measured for another job (the same config.toml with another
-batch size or codec) is profiled again; another strategy, seed or number of workers keeps
-them (the profile runs none of these), so strategies are compared on the same times.
+the batch size, the optimizer but its learning rate, the codec, the strategy) and the times
+themselves. A config whose times were measured for another job (the same config.toml with
+another batch size or codec) is profiled again; another seed or number of workers keeps
+them, and another strategy measures only its own round (`compute.strategy`: an average, an
+outer step, on one worker alone, charged per share of the model a round covers:
+Context.worked), so strategies are compared on the same forward, backward and update.
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import sys
 import time
@@ -24,8 +27,10 @@ from typing import Any
 import torch
 
 from fastsgd.config.units import format_ns
+from fastsgd.errors import UserError
 from fastsgd.loop.checked_step import StepChecks
 from fastsgd.loop.plan import Plan
+from fastsgd.loop.replica import Replica
 from fastsgd.strategies.params import flatten
 from fastsgd.transport.base import Done
 from fastsgd.transport.sim.compute import TIMES
@@ -49,6 +54,10 @@ def profiled(plan: Plan) -> dict[str, Any]:
         changed = _difference(section["profiled"], measured_for)
         if changed is None:
             return {}
+        if _difference(_but_strategy(section["profiled"]), _but_strategy(measured_for)) is None:
+            kept = {k: section[k] for k in TIMES}
+            kept["strategy"] = _time(_strategy_seconds(plan, 3, 10))
+            return {**kept, "profiled": {**measured_for, **kept}}
         print(f"fastsgd: compute.profiled: the times were measured for {changed}; "
               "profiling again", file=sys.stderr, flush=True)
     times = profile(plan)
@@ -67,9 +76,15 @@ def fingerprint(plan: Plan) -> dict[str, Any]:
                 "input_shape": list(plan.dataset.train_x.shape[1:]),
                 "parameters": sum(p.numel() for p in params),
                 "dtype": ",".join(sorted({str(p.dtype).removeprefix("torch.") for p in params}))})
-    for section in ("optimizer", "compression"):
-        out.update({f"{section}.{k}": v for k, v in config[section].items() if k != "lr"})
+    for section in ("optimizer", "compression", "strategy"):
+        out.update({f"{section}.{k}": v if isinstance(v, (str, int, float, bool, list))
+                    else repr(v) for k, v in config[section].items() if k != "lr"})
     return out
+
+
+def _but_strategy(measured_for: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in measured_for.items()
+            if not k.startswith("strategy.") and k != "strategy"}
 
 
 def _difference(written: dict[str, Any], now: dict[str, Any]) -> str | None:
@@ -126,7 +141,30 @@ def _profile(plan: Plan, warmup: int, repeat: int) -> dict[str, str]:
     vector = flat.clone()
     seconds = _median(lambda: vector.add_(flat), warmup, repeat)
     out["reduce_bandwidth"] = f"{round(flat.numel() * flat.element_size() / max(seconds, 1e-9))}B"
+    out["strategy"] = _time(_strategy_seconds(plan, warmup, repeat))
     return out
+
+
+def _strategy_seconds(plan: Plan, warmup: int, repeat: int) -> float:
+    """The strategy's own work in a round over the whole model, on one worker alone: its
+    hooks at the run's last step, where every strategy that averages or steps an outer
+    optimizer does so over the whole model (drains_at_end), with the exact codec (the
+    codec's time is compute.codec's). 0 for one that cannot run a round alone (a parameter
+    server's, a gossip step's: what they do with a peer's message is reduce_bandwidth's)."""
+    torch.manual_seed(plan.config["run"]["seed"])
+    model = plan.make_model()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    try:
+        replica = Replica(model, _Alone(), copy.deepcopy(plan.strategy), total_steps=1)
+
+        def round_() -> None:
+            replica.ctx.step = 0
+            replica.sync_gradients()
+            replica.sync_parameters()
+        return _median(round_, warmup, repeat)
+    except (NotAlone, UserError):  # one that needs peers (or more than one worker)
+        return 0.0
 
 
 def _codec_seconds(plan: Plan, flat: torch.Tensor, warmup: int, repeat: int) -> float:
@@ -139,14 +177,35 @@ def _codec_seconds(plan: Plan, flat: torch.Tensor, warmup: int, repeat: int) -> 
     return _median(lambda: codec.decode(codec.encode(flat, state), flat), warmup, repeat)
 
 
-class _Alone:
-    """A transport of one worker: an all-reduce leaves the tensor as it is."""
+class NotAlone(AttributeError):
+    """What a strategy asked of `_Alone` needs a peer (an AttributeError: a strategy that
+    looks for an optional method with getattr gets its default)."""
 
-    world_size = 1
+
+class _Alone:
+    """A transport of one worker: collectives of one leave the tensors as they are; what
+    needs a peer (a message, an exchange) raises NotAlone."""
+
+    rank, world_size, device = 0, 1, torch.device("cpu")
 
     def all_reduce(self, tensor: torch.Tensor, async_op: bool = False,
                    average: bool = False) -> Done:
         return Done()  # a sum, or an average, of one
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return [tensor.clone()]
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Done:
+        return Done()
+
+    def members(self) -> list[int]:
+        return [0]
+
+    def compute(self, phase: str, step: int, share: float = 1.0) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotAlone(name)
 
 
 def _median(fn: Callable[[], object], warmup: int, repeat: int) -> float:

@@ -87,6 +87,7 @@ class LocalSGD(_Periodic):
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         if not (ctx.step >= self.warmup and self.due(ctx, self.warmup)):
             return
+        ctx.worked()
         if "anchor" not in state:
             assign(params, average(params, ctx.transport))
             return
@@ -127,6 +128,7 @@ class EASGD(_Periodic):
         # now: an exchange that failed (a worker died) is redone unchanged
         assign(params, local - self.alpha * own)
         center += self.alpha * total
+        ctx.worked()
 
 
 class BMUF(_Periodic):
@@ -167,6 +169,7 @@ class BMUF(_Periodic):
         last = ctx.last_step or not self.nesterov
         start = state["global"] if last else state["global"] + self.momentum * state["delta"]
         assign(params, start)
+        ctx.worked()
 
 
 def _codec_state(params: Params, ctx: Context, anchor: str = "") -> dict[str, Any]:

@@ -45,6 +45,12 @@ class Context:
     def last_step(self) -> bool:
         return self.total_steps is not None and self.step >= self.total_steps - 1
 
+    def worked(self, share: float = 1.0) -> None:
+        """This step's own work on the parameters (an average, an outer step) covered
+        `share` of the model: the simulator charges the profiled time of the strategy's round
+        over the whole model (`compute.strategy`) times `share`; real processes spend it."""
+        self.transport.compute("strategy", self.step, share)
+
     def end(self, dropped: int = 0) -> None:
         """End this worker's training after the current step (a straggler the run does not
         wait for: async_diloco's quorum). Its parameters are final as they stand; its

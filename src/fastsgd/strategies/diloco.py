@@ -170,6 +170,7 @@ class DiLoCo(StrategyBase):
         """The outer step on fragment f; the worker's fragment then moves to the result."""
         started, _, mean, handle = self._in_flight.pop(f)
         handle.wait()
+        ctx.worked(mean.numel() / state["global"].numel())  # this fragment's share
         if "codec" not in state:
             mean = mean / len(ctx.transport.members())  # the survivors, once one is lost
         a, b = self._slices[f]

@@ -65,6 +65,19 @@ def test_the_choice_changes_with_the_step_and_the_seed():
     assert Sparta(fraction=1e-9).count(1000) == 1  # at least one entry
 
 
+def test_a_small_fraction_draws_distinct_entries_every_one_as_often():
+    """The O(k) draw (k <= N / 8): k distinct sorted indices, each entry about as often as
+    any other over many steps (5 of 1000 over 4000 steps: 20 times each on average)."""
+    strategy = Sparta(fraction=0.005)
+    counts = torch.zeros(1000)
+    for step in range(4000):
+        picked = strategy.chosen(1000, step)
+        assert len(picked.unique()) == 5 and torch.equal(picked, picked.sort().values)
+        counts[picked] += 1
+    assert 5 <= counts.min() and counts.max() <= 40, (counts.min(), counts.max())
+    assert 0 in counts.nonzero() and 999 in counts.nonzero()  # no end left out
+
+
 @pytest.mark.parametrize("codec", ["none", "qsgd"])
 def test_the_last_step_averages_everything(codec):
     before, after = one_step(3, 7, codec=codec, last=True, fraction=0.1)

@@ -227,6 +227,7 @@ class AsyncDiLoCo(StrategyBase):
             ctx.stats["staleness"] = float(state["ahead"])  # kept in the state: it resumes
             return
         t, codec = ctx.transport, self._codec
+        ctx.worked()
         pseudo = state["anchor"] - flatten(params)
         payload = codec.encode(pseudo, state["push"]) if "push" in state else (
             codec.compress(pseudo))

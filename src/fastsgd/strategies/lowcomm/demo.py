@@ -179,6 +179,7 @@ class DeMo(StrategyBase):
         grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                            for p in trainable])
         momentum = state["momentum"] * self.beta + grads
+        ctx.worked()  # a DCT of the whole momentum, and its inverse, every step
         indices, values = self.extract(momentum)
         gathered = ctx.transport.all_gather(self.pack(indices, values))
         mean = torch.zeros_like(momentum)  # the coefficients, summed in rank order

@@ -122,6 +122,7 @@ class NoLoCo(StrategyBase):
         if ctx.last_step and self.average_at_end:
             ctx.transport.all_reduce(phi, average=True)  # the survivors' mean
         assign(params, phi)
+        ctx.worked()
 
     def _swap(self, mine: torch.Tensor, ctx: Context) -> torch.Tensor:
         """The peer's w (its gamma phi - beta Delta), or this worker's own where it is alone

@@ -152,6 +152,7 @@ class SparseLoCo(DiLoCo):
         state["error"].copy_(error)
         state["global"].copy_(new)
         assign(params, state["global"])
+        ctx.worked()
 
     def compress(self, target: torch.Tensor, local: torch.Tensor | None = None) -> torch.Tensor:
         """The buffer a worker sends for `target` (flat): chunked top-k, quantized, packed;

@@ -7,11 +7,13 @@ entries, a `fraction` of them (0.05% to 0.5% in the paper; 0.5% here by default)
 the rest as they are. After the last step (ctx.last_step) they average every entry, so the
 replicas end identical.
 
-The subset of step s is `torch.randperm(N, generator)[:k]` (sorted), with N the number of
-parameter entries (floating-point buffers included), k = max(1, round(fraction * N)) and
-the generator seeded with `seed * 1_000_003 + s`: every worker draws the same indices
-without a word, on real processes and in the simulator alike, and a resumed run draws
-those it would have drawn.
+The subset of step s is k of the N parameter entries (floating-point buffers included),
+k = max(1, round(fraction * N)), drawn by a generator seeded with `seed * 1_000_003 + s`:
+every worker draws the same indices without a word, on real processes and in the simulator
+alike, and a resumed run draws those it would have drawn. Where k <= N / 8 the draw costs
+O(k), not a permutation of all N (11 ms a step for 0.84M entries, nine times the averaging):
+k + k/4 + 16 draws with replacement, k of their distinct values at random (every k-subset
+is as likely as any other, by symmetry); else `torch.randperm(N)[:k]`. Sorted either way.
 
 On the wire, each step: the k chosen values (a dense vector) in one all-reduce, and after
 the last step all N. The values themselves are averaged over the workers taking part (the
@@ -84,7 +86,13 @@ class Sparta(StrategyBase):
     def chosen(self, numel: int, step: int) -> torch.Tensor:
         """The sorted flat indices averaged after step `step`: the same on every worker."""
         generator = torch.Generator().manual_seed(self.seed * SEED_STRIDE + step)
-        return torch.randperm(numel, generator=generator)[:self.count(numel)].sort().values
+        k = self.count(numel)
+        if 8 * k <= numel:
+            draws = torch.randint(numel, (k + k // 4 + 16,), generator=generator).unique()
+            if len(draws) >= k:  # almost always: about k/16 draws repeat
+                pick = torch.randperm(len(draws), generator=generator)[:k]
+                return draws[pick].sort().values
+        return torch.randperm(numel, generator=generator)[:k].sort().values
 
     def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         return None  # gradients stay local
@@ -92,6 +100,7 @@ class Sparta(StrategyBase):
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         numel = int(self._bounds[-1])
         index = None if ctx.last_step else self.chosen(numel, ctx.step)
+        ctx.worked(1.0 if index is None else len(index) / numel)
         values = flatten(params) if index is None else _gather(params, index, self._bounds)
         if "anchor" in state and index is not None:
             anchor = state["anchor"][index.to(state["anchor"].device)]

@@ -1,6 +1,7 @@
 """How long a simulated worker computes: the compute model (`[compute]`, docs/simulator.md).
 
-- `profile` and `fixed` charge fixed times per phase (forward, backward, update, codec), in
+- `profile` and `fixed` charge fixed times per phase (forward, backward, update, codec, and
+  the strategy's own work: Context.worked), in
   integer nanoseconds, so a run is a pure function of its config and seed;
 - `measured` charges the wall time the worker took (exploration only: not reproducible).
 
@@ -22,7 +23,7 @@ from fastsgd.config.units import parse_bandwidth, parse_seconds
 from fastsgd.errors import ConfigError
 from fastsgd.transport.sim.trace import Trace, load_trace
 
-PHASES = ("forward", "backward", "update", "codec")
+PHASES = ("forward", "backward", "update", "codec", "strategy")
 TIMES = (*PHASES, "reduce_bandwidth")  # the keys profile measures
 MODELS = ("profile", "fixed", "measured")
 
@@ -127,7 +128,8 @@ def check_times(section: dict) -> None:
     if kind == "measured" and phases:
         raise ConfigError(f"compute.{phases[0]} applies to compute.model = 'fixed'; "
                           "'measured' charges the wall time the worker took")
-    legacy = not section["profiled"] and len(hand) == len(TIMES)  # written before profiled
+    # written before profiled (and before the strategy's time)
+    legacy = not section["profiled"] and set(hand) >= set(TIMES) - {"strategy"}
     if kind == "profile" and hand and not legacy:
         raise ConfigError(f"compute.{hand[0]} = '{section[hand[0]]}' is not a time profile "
                           "measured (compute.profiled): compute.model = 'profile' would replace "
