@@ -177,7 +177,7 @@ def test_a_config_files_relative_paths_name_files_beside_it(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("settings,key", [
-    ({"strategy.name": "diloco"}, "strategy.period = 500"),  # the paper's H
+    ({"strategy.name": "diloco", "strategy.period": 500}, "strategy.period = 500"),  # H
     ({"strategy.name": "localsgd", "strategy.period": 3}, "strategy.period = 3"),
     ({"compression.name": "dgc", "compression.warmup_steps": 5}, "compression.warmup_steps = 5")])
 def test_a_step_count_that_reaches_the_runs_end_is_named_at_the_start(settings, key, tmp_path,
@@ -190,7 +190,10 @@ def test_a_step_count_that_reaches_the_runs_end_is_named_at_the_start(settings, 
                             "below 3, or train longer")
 
 
-def test_a_step_count_within_the_run_says_nothing(tmp_path, capfd):
-    Job(options={**SMALL, "strategy.name": "localsgd", "strategy.period": 2,
-                 "run.out": str(tmp_path / "run")}, quiet=True).simulate()
+@pytest.mark.parametrize("settings", [{"strategy.name": "localsgd", "strategy.period": 2},
+                                      {"strategy.name": "diloco"},  # 0: scaled to the run
+                                      {"strategy.name": "async_diloco"}])
+def test_a_step_count_within_the_run_says_nothing(settings, tmp_path, capfd):
+    Job(options={**SMALL, **settings, "run.out": str(tmp_path / "run")},
+        quiet=True).simulate()
     assert "not below" not in capfd.readouterr().err

@@ -7,6 +7,7 @@ import torch
 
 import fastsgd as fs
 from fastsgd.compress import build_compressor
+from fastsgd.strategies.base import scaled_period
 from fastsgd.strategies.diloco import DiLoCo, split
 from fastsgd.transport.sim import simulate
 from tests.conftest import max_abs_diff
@@ -143,6 +144,20 @@ def test_each_fragment_syncs_once_per_period_on_its_own_step(synthetic, tmp_path
     assert sent[2] + sent[4] + sent[6] == model == sent[23]  # fragments 1, 2, 0; then all
     assert max(sent[2], sent[4], sent[6]) < model
     assert result.summary["consensus_distance"] == 0
+
+
+@pytest.mark.parametrize("strategy", ["diloco", "async_diloco"])
+def test_the_default_period_is_the_papers_but_eight_rounds_in_a_shorter_run(strategy, synthetic,
+                                                                            tmp_path):
+    """period 0: 500 (H in Douillard et al. 2023), but min(500, steps // 8) in a run of fewer
+    than 4000 steps: 40 steps here, rounds after steps 5, 10, ..., 40."""
+    result = sim_job(synthetic, tmp_path, {"name": strategy}, steps=40).simulate(2)
+    sent = sorted({m["step"] for m in result.metrics() if m["rank"] == 1 and m["bytes_sent"]})
+    assert sent == list(range(5, 41, 5))
+    assert DiLoCo().period == 0  # the config keeps what the user chose
+    assert [scaled_period(500, s) for s in (None, 40, 4000, 10**6)] == [500, 5, 500, 500]
+    with pytest.raises(fs.UserError, match=r"strategy.overlap must be < strategy.period \(5\)"):
+        sim_job(synthetic, tmp_path / "o", {"name": "diloco", "overlap": 5}, steps=40).simulate(2)
 
 
 def test_outer_lr_one_without_momentum_is_localsgd(synthetic, tmp_path):

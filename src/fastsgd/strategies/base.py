@@ -195,3 +195,12 @@ def check_codec(strategy: Strategy, codec: Compressor, world_size: int) -> None:
     if codec.name in capabilities.refused_codecs:
         raise UserError(f"{named} does not apply to strategy.name = '{label(strategy)}', "
                         "which refuses it (capabilities.refused_codecs)")
+
+
+def scaled_period(paper: int, total_steps: int | None, rounds: int = 8) -> int:
+    """A period of `paper` steps (a paper's H), but at least `rounds` rounds in a shorter
+    run of `total_steps` (unknown: the paper's): what `period = 0` means for the strategies
+    whose paper's period was set for runs of tens of thousands of steps."""
+    if total_steps is None:
+        return paper
+    return min(paper, max(1, total_steps // rounds))

@@ -2,7 +2,8 @@
 
 - `diloco` (Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of
   Language Models", Algorithm 1): every worker runs the user's optimizer (the inner one,
-  AdamW in the paper) for `period` steps (H, 500 in the paper). Then the outer step: the
+  AdamW in the paper) for `period` steps (H, 500 in the paper; `period` = 0, the default,
+  is 500 but at least eight rounds in a shorter run: min(500, steps // 8)). Then the outer step: the
   pseudo-gradient is the mean over workers of (global parameters - the worker's
   parameters), the global parameters being where every worker started the period; the outer
   optimizer, SGD with Nesterov momentum (`outer_lr` 0.7, `outer_momentum` 0.9, the paper's
@@ -52,12 +53,13 @@ from fastsgd.compress.base import KINDS, Compressor
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
 from fastsgd.config.options import Option, at_least, between, positive
 from fastsgd.errors import ConfigError, UserError
-from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.base import Context, StrategyBase, scaled_period
 from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.params import buffer_mask, flatten
 from fastsgd.transport.base import Done, Handle
 
 Params = list[torch.nn.Parameter]
+PAPER_PERIOD = 500  # H in Douillard et al. 2023
 
 
 def _below_one(v: float) -> str | None:
@@ -74,7 +76,8 @@ class DiLoCo(StrategyBase):
         carries_on=("exact",),
         shrinks_real=True)  # where carries_on allows: also on real processes (recovery.py)
     OPTIONS = {
-        "period": Option(int, 500, at_least(1), "inner steps between outer steps (H)", steps=True),
+        "period": Option(int, 0, at_least(0), "inner steps between outer steps (H; 0: the "
+                         "paper's 500, at least 8 rounds in a shorter run)", steps=True),
         "outer_lr": Option(float, 0.7, positive, "outer (Nesterov SGD) learning rate"),
         "outer_momentum": Option(float, 0.9, between(0, 0.999), "outer momentum"),
         "nesterov": Option(bool, True, doc="Nesterov outer momentum (false: heavy ball)"),
@@ -86,13 +89,12 @@ class DiLoCo(StrategyBase):
                         "with overlap: weight of the local fragment when a sync lands"),
     }
 
-    def __init__(self, period: int = 500, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+    def __init__(self, period: int = 0, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  nesterov: bool = True, fragments: int = 1, overlap: int = 0,
                  alpha: float = 0.5):
-        if overlap >= period:
-            raise ConfigError(f"strategy.overlap must be < strategy.period ({period}), "
-                              f"got {overlap}")
+        self._check_overlap(overlap, period or PAPER_PERIOD)
         self.period, self.outer_lr, self.momentum = period, outer_lr, outer_momentum
+        self._period = period or PAPER_PERIOD  # H (init scales period 0 to the run)
         self.nesterov, self.fragments, self.overlap, self.alpha = (nesterov, fragments,
                                                                    overlap, alpha)
         self._groups: list[tuple[int, int]] = []  # fragment -> [first, last) parameter index
@@ -104,6 +106,12 @@ class DiLoCo(StrategyBase):
         if overlap or fragments > 1:
             self.capabilities = replace(DiLoCo.capabilities, carries_on=(),
                                         checkpoints=overlap == 0)
+
+    @staticmethod
+    def _check_overlap(overlap: int, period: int) -> None:
+        if overlap >= period:
+            raise ConfigError(f"strategy.overlap must be < strategy.period ({period}), "
+                              f"got {overlap}")
 
     def check_compression(self, codec: Compressor, world_size: int) -> None:
         if codec.name in self.capabilities.refused_codecs:
@@ -117,6 +125,8 @@ class DiLoCo(StrategyBase):
             raise ConfigError(f"strategy.fragments must be <= the model's {len(params)} "
                               f"parameter tensors, got {self.fragments}")
         self.check_compression(ctx.compressor, ctx.transport.world_size)
+        self._period = self.period or scaled_period(PAPER_PERIOD, ctx.total_steps)
+        self._check_overlap(self.overlap, self._period)
         self._in_flight.clear()
         sizes = [p.numel() for p in params]
         self._groups = split(sizes, self.fragments)
@@ -133,11 +143,11 @@ class DiLoCo(StrategyBase):
 
     def offset(self, fragment: int) -> int:
         """Fragment p's schedule is shifted by floor(p H / P) steps."""
-        return fragment * self.period // self.fragments
+        return fragment * self._period // self.fragments
 
     def due(self, fragment: int, step: int) -> bool:
         """Fragment `fragment` starts a sync after step `step` (0-based)."""
-        return (step + 1 - self.offset(fragment)) % self.period == 0
+        return (step + 1 - self.offset(fragment)) % self._period == 0
 
     def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         return None

@@ -7,7 +7,8 @@ import torch
 import fastsgd as fs
 from fastsgd.compress import Identity
 from fastsgd.strategies import Context
-from fastsgd.strategies.lowcomm.noloco import NoLoCo, scaled_period
+from fastsgd.strategies.base import scaled_period
+from fastsgd.strategies.lowcomm.noloco import NoLoCo
 from fastsgd.testing import check_strategy
 from fastsgd.transport.sim import simulate
 from tests.strategies.helpers import params, refused_in_one_line, sim_job
@@ -155,7 +156,7 @@ def test_two_workers_are_heavy_ball_sgd_on_the_mean_pseudo_gradient():
 
 
 def test_period_zero_scales_to_the_run():
-    assert [scaled_period(s) for s in (None, 4, 24, 160, 400, 10_000)] == [50, 1, 3, 20, 50, 50]
+    assert [scaled_period(50, s) for s in (None, 4, 24, 160, 400, 10_000)] == [50, 1, 3, 20, 50, 50]
 
 
 def test_one_vector_each_way_per_round(synthetic, tmp_path):

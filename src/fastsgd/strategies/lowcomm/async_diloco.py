@@ -32,8 +32,8 @@ server answers the final pushes once the quorum's are all in (everyone's in lock
 then on the global parameters are final (`closed`): a straggler's next push is not applied,
 and the answer tells it so, so that it ends its training there (Context.end: its round is
 `dropped_steps`, the steps it does not train `idle_steps`). All replicas end with the same
-parameters (drains_at_end). `period` is DiLoCo's (500 by default); a run shorter than a
-period has one outer step, at its end.
+parameters (drains_at_end). `period` is DiLoCo's: 0, the default, is 500 but at least
+eight rounds in a shorter run (min(500, steps // 8)).
 
 On the wire, per worker and round: its pseudo-gradient up (through `ctx.compressor`, with
 error feedback for lossy codecs, plus two int64 words: the round and a final flag) and the
@@ -65,8 +65,9 @@ from fastsgd.compress.base import Compressor
 from fastsgd.compress.wire import pack, unpack
 from fastsgd.config.options import Option, at_least, between, positive
 from fastsgd.errors import UserError
-from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.base import Context, StrategyBase, scaled_period
 from fastsgd.strategies.capabilities import Capabilities
+from fastsgd.strategies.diloco import PAPER_PERIOD
 from fastsgd.strategies.params import assign, buffer_mask, flatten
 
 Params = list[torch.nn.Parameter]
@@ -81,8 +82,8 @@ class AsyncDiLoCo(StrategyBase):
         codec_kinds=("exact", "quantize", "sparse"),  # the push; the answer is exact
         refused_codecs=("dgc",))  # momentum correction: a second momentum on the pseudo-grad
     OPTIONS = {
-        "period": Option(int, 500, at_least(1), "inner steps per round (H)",
-                         steps=True),
+        "period": Option(int, 0, at_least(0), "inner steps per round (H; 0: DiLoCo's 500, at "
+                         "least 8 rounds in a shorter run)", steps=True),
         "staleness": Option(int, 2, at_least(0),
                             "rounds a worker may run ahead of the slowest (0: lockstep DiLoCo)"),
         # no outer momentum by default: under staleness it compounds stale pseudo-gradients
@@ -93,9 +94,10 @@ class AsyncDiLoCo(StrategyBase):
                          "share of the workers the bound and the end wait for (staleness > 0)"),
     }
 
-    def __init__(self, period: int = 500, staleness: int = 2, outer_lr: float = 1.0,
+    def __init__(self, period: int = 0, staleness: int = 2, outer_lr: float = 1.0,
                  outer_momentum: float = 0.0, nesterov: bool = True, quorum: float = 0.75):
         self.period, self.staleness, self.quorum = period, staleness, quorum
+        self._period = period or PAPER_PERIOD  # H (init scales period 0 to the run)
         self.outer_lr, self.momentum, self.nesterov = outer_lr, outer_momentum, nesterov
         self._waiting: list[int] = []  # server: workers whose push awaits its answer
         self._final: set[int] = set()  # server: workers whose last push is in
@@ -109,6 +111,7 @@ class AsyncDiLoCo(StrategyBase):
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         t, start = ctx.transport, flatten(params)  # every replica starts from rank 0's
+        self._period = self.period or scaled_period(PAPER_PERIOD, ctx.total_steps)
         self._codec, self._transport = ctx.compressor, t
         self._buffers = buffer_mask(params)
         self._waiting, self._final, self._dropped = [], set(), set()
@@ -223,7 +226,7 @@ class AsyncDiLoCo(StrategyBase):
         return None
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
-        if not (ctx.last_step or (ctx.step + 1) % self.period == 0):
+        if not (ctx.last_step or (ctx.step + 1) % self._period == 0):
             ctx.stats["staleness"] = float(state["ahead"])  # kept in the state: it resumes
             return
         t, codec = ctx.transport, self._codec
@@ -238,7 +241,7 @@ class AsyncDiLoCo(StrategyBase):
         assign(params, answer["global"])
         over, dropped = (bool(x) for x in answer["end"])
         if over and (dropped or not ctx.last_step):  # a straggler past the quorum's end
-            ctx.end(dropped=ctx.step % self.period + 1 if dropped else 0)
+            ctx.end(dropped=ctx.step % self._period + 1 if dropped else 0)
         state["anchor"] = answer["global"].to(state["anchor"].dtype).clone()
         state["rounds"] += 1
         state["ahead"] = answer["ahead"].clone()

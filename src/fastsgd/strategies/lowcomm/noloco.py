@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from fastsgd.config.options import Option, at_least, between, positive
-from fastsgd.strategies.base import Context, StrategyBase
+from fastsgd.strategies.base import Context, StrategyBase, scaled_period
 from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.membership import gone_at
 from fastsgd.strategies.params import assign, buffer_mask, flatten
@@ -88,7 +88,7 @@ class NoLoCo(StrategyBase):
         self._buffers: torch.Tensor | None = None
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
-        self._period = self.period or scaled_period(ctx.total_steps)
+        self._period = self.period or scaled_period(AUTHORS_PERIOD, ctx.total_steps)
         self._buffers = buffer_mask(params)
         start = flatten(params)  # every replica starts from rank 0's parameters
         return {"outer": start, "momentum": torch.zeros_like(start)}
@@ -139,9 +139,3 @@ class NoLoCo(StrategyBase):
     def close(self) -> None:
         return None
 
-
-def scaled_period(total_steps: int | None) -> int:
-    """H for `period` = 0: the authors' 50, but at least eight rounds in a shorter run."""
-    if total_steps is None:
-        return AUTHORS_PERIOD
-    return min(AUTHORS_PERIOD, max(1, total_steps // 8))
