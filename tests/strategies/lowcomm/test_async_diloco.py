@@ -127,7 +127,7 @@ def test_the_push_goes_through_the_codec(codec, synthetic, tmp_path):
 
 @pytest.mark.parametrize("settings, message", [
     ({"staleness": -1}, "strategy.staleness must be >= 0"),
-    ({"period": 0}, "strategy.period must be >= 1"),
+    ({"period": -1}, "strategy.period must be >= 0"),
     ({"outer_lr": 0.0}, "strategy.outer_lr must be > 0"),
     ({"outer_momentum": 1.0}, "strategy.outer_momentum must be"),
 ])
