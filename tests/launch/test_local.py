@@ -13,7 +13,7 @@ import pytest
 from fastsgd.control import interrupt
 from fastsgd.control.interrupt import Stop
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
-from fastsgd.launch.local import Told, _stop, _wait, launch
+from fastsgd.launch.local import Told, _stop, _wait, free_port, launch
 
 
 def _ping(depth: int = 0) -> int:  # two alternating frames: the trace is not folded
@@ -79,14 +79,37 @@ def test_a_death_before_every_worker_is_connected_stops_them_all_at_once():
     assert time.monotonic() - began < 30
 
 
-def test_a_busy_rendezvous_port_is_one_line(monkeypatch):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        monkeypatch.setattr("fastsgd.launch.local.free_port", lambda: port)
-        with pytest.raises(UserError, match=f"rendezvous on 127.0.0.1:{port}"):
-            launch(lambda: None, 2)
+def test_the_rendezvous_port_is_held_before_the_workers_start(monkeypatch):
+    # a port chosen, released and bound again after the fork could be given in between to
+    # another job's port-0 socket (CI: two parity tests at once, EADDRINUSE in one and a
+    # stranger on the other's message port)
+    held = []
+
+    def forked(procs):
+        port = int(procs[0]._args[3])
+        with socket.socket() as s, pytest.raises(OSError):
+            s.bind(("127.0.0.1", port))
+        held.append(port)
+        for p in procs:
+            p.start()
+
+    monkeypatch.setattr("fastsgd.launch.local.forked", forked)
+    launch(lambda: None, 2)
+    assert held
+
+
+def test_a_port_for_torchrun_is_below_the_ephemeral_range():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert all(1024 <= free_port() < low for _ in range(20))
+
+
+def test_no_rendezvous_socket_is_one_line(monkeypatch):
+    def refused(*args, **kwargs):
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr("fastsgd.launch.local.socket.create_server", refused)
+    with pytest.raises(UserError, match="rendezvous on 127.0.0.1: .*Address already in use"):
+        launch(lambda: None, 2)
 
 
 @pytest.mark.multiproc

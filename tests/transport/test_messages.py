@@ -1,5 +1,7 @@
 """Asynchronous messages (post / poll / wait_message) on both transports."""
 
+import time
+
 import pytest
 import torch
 
@@ -249,7 +251,7 @@ class _Store:
         self.addresses = addresses
 
     def set(self, key, value):
-        pass
+        self.addresses.setdefault(key.rsplit("/", 1)[1], value)
 
     def get(self, key):
         return self.addresses[key.rsplit("/", 1)[1]].encode()
@@ -274,3 +276,29 @@ def test_a_peer_that_never_connects_is_one_line_naming_it():
     with pytest.raises(UserError, match=r"worker 1: no message connection from worker 0 "
                                         r"within run.timeout = 0.2 s"):
         _connect(1, 2, _Store({}), "k", "127.0.0.1", timeout=0.2)
+
+
+def test_a_stranger_on_the_message_port_is_closed_and_the_peer_still_connects():
+    # CI: a process given a port another job's launcher had picked connected to a worker's
+    # message port and closed before saying hello; the worker failed on it
+    import socket
+    import threading
+
+    from fastsgd.transport.connections import _introduce
+    from fastsgd.transport.connections import connect as _connect
+
+    store, got = _Store({}), {}
+    listening = threading.Thread(target=lambda: got.update(
+        _connect(1, 2, store, "k", "127.0.0.1", timeout=10)[0]))
+    listening.start()
+    while "1" not in store.addresses:
+        time.sleep(0.01)
+    address, port = store.addresses["1"].rsplit(":", 1)
+    socket.create_connection((address, int(port))).close()
+    with socket.create_connection((address, int(port))) as liar:
+        liar.sendall(b"GET / HTTP/1.1\r\n" * 16)  # not a fastsgd worker
+        peer = _introduce(0, 1, socket.create_connection((address, int(port))))
+        listening.join(timeout=10)
+    assert list(got) == [0]
+    peer.close()
+    got[0].close()

@@ -13,6 +13,7 @@ that shrink form their new group through it (transport/shrink.py).
 from __future__ import annotations
 
 import multiprocessing as mp
+import random
 import signal
 import socket
 import sys
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing import connection
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -34,9 +36,37 @@ STOP_WITHIN = 4.5  # seconds the workers have to stop on Ctrl-C
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nobody listens on now, for a launcher that binds it itself later (torchrun's
+    --master-port): taken below the kernel's ephemeral range, so that no socket bound to
+    port 0 in between (another job's store or message port) is given it."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.SystemRandom().randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise UserError(f"no free port on 127.0.0.1 below {low} after 64 tries")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def rendezvous_socket() -> socket.socket:
+    """The store's listening socket, bound before the workers are forked: a port chosen
+    then bound later could be given in between to another process's port-0 socket (two
+    jobs launched at once: one's store failed with EADDRINUSE while the other's workers
+    connected to its message port)."""
+    try:
+        return socket.create_server(("127.0.0.1", 0))
+    except OSError as e:
+        raise UserError(f"cannot serve the workers' rendezvous on 127.0.0.1: {e}") from None
 
 
 def launch(fn: Callable[[], object], workers: int, restart: int = 0,
@@ -58,7 +88,8 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
     _preload()
     ctx = mp.get_context("fork")
     errors = ctx.SimpleQueue()
-    port = free_port()
+    listening = rendezvous_socket()
+    port = listening.getsockname()[1]
     stop = Stop(ctx, workers, door.path if door else None)
     stacks = Stacks(workers)
     fn = stacks.armed(fn)
@@ -69,7 +100,7 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
     with catching():
         try:
             forked(procs)  # inside: a Ctrl-C while they start still stops the ones started
-            store = _store(port, workers)  # noqa: F841 - held until the workers have ended
+            store = _store(listening, workers)  # noqa: F841 - held until the workers ended
             steps = rejoin if rejoin is not None else door.steps if door else None
             joins = None if steps is None else _Rejoin(
                 ctx, fn, workers, port, errors, restart, stop, steps)
@@ -80,6 +111,7 @@ def launch(fn: Callable[[], object], workers: int, restart: int = 0,
         except KeyboardInterrupt:
             _stop(procs, stop)
         finally:
+            listening.close()  # a no-op once the store owns it
             if door:
                 door.close()
             _end(procs)
@@ -93,15 +125,20 @@ def _preload() -> None:
     import torch._dynamo  # noqa: F401
 
 
-def _store(port: int, workers: int) -> dist.TCPStore:
-    """The rendezvous store, served by this process; started after the workers are forked
-    (its server thread is not forked with them), who wait for it as clients."""
+def _store(listening: socket.socket, workers: int) -> dist.TCPStore:
+    """The rendezvous store, served by this process on `listening`; started after the
+    workers are forked (its server thread is not forked with them), who wait for it as
+    clients, queued on the socket meanwhile. The store owns the socket from then on."""
+    port = listening.getsockname()[1]
     try:
-        return dist.TCPStore("127.0.0.1", port, workers, is_master=True,
-                             wait_for_workers=False, timeout=timedelta(seconds=60))
+        store = dist.TCPStore("127.0.0.1", port, workers, is_master=True,
+                              wait_for_workers=False, timeout=timedelta(seconds=60),
+                              master_listen_fd=listening.fileno())
     except dist.DistNetworkError as e:
         raise UserError(f"cannot serve the workers' rendezvous on 127.0.0.1:{port}: "
                         f"{str(e).splitlines()[0]}") from None
+    listening.detach()  # the store closes it when it ends
+    return store
 
 
 def _end(procs: list[mp.process.BaseProcess]) -> None:

@@ -33,9 +33,24 @@ def connect(rank: int, world_size: int, store, key: str, host: str,
             raise UserError(f"worker {rank}: no message connection from worker {missing} "
                             f"within run.timeout = {timeout:g} s (each worker's message "
                             "port must be reachable: docs/multihost.md)") from None
-        socks[hello(sock)[0]] = sock
+        peer = _peer_below(sock, rank, socks)
+        if peer is not None:
+            socks[peer] = sock
     listener.settimeout(None)
     return socks, listener
+
+
+def _peer_below(sock: socket.socket, rank: int, socks: dict) -> int | None:
+    """The rank below `rank` a new connection says it is; None, the connection closed, for a
+    stranger (a port scan, a process that was given a port this one once had)."""
+    try:
+        peer = hello(sock)[0]
+    except (OSError, frames.MalformedFrame):
+        peer = None
+    if peer is None or not 0 <= peer < rank or peer in socks:
+        sock.close()
+        return None
+    return peer
 
 
 def rejoin(rank: int, world_size: int, store, key: str, host: str, timeout: float,
