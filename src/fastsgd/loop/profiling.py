@@ -114,13 +114,31 @@ def profile(plan: Plan, warmup: int = 3, repeat: int = 10) -> dict[str, str]:
 
 
 def _profile(plan: Plan, warmup: int, repeat: int) -> dict[str, str]:
+    samples, model = _steps(plan, warmup, repeat)
+    out = {phase: _time(statistics.median(s) if s else 0.0) for phase, s in samples.items()}
+    flat = flatten(list(model.parameters()))
+    out["codec"] = _time(_codec_seconds(plan, flat, warmup, repeat))
+    vector = flat.clone()
+    seconds = _median(lambda: vector.add_(flat), warmup, repeat)
+    out["reduce_bandwidth"] = f"{round(flat.numel() * flat.element_size() / max(seconds, 1e-9))}B"
+    return out
+
+
+def _steps(plan: Plan, warmup: int, repeat: int) -> tuple[dict[str, list[float]],
+                                                          torch.nn.Module]:
+    """The seconds of each phase of `repeat` training steps after `warmup`, and the model.
+    The strategy's round runs after each step's update, on a copy of the model given the
+    step's parameters, as a worker's round comes (its caches as training left them)."""
     torch.manual_seed(plan.config["run"]["seed"])
     model = plan.make_model()
     optimizer = plan.make_optimizer(model.parameters())
     shard = plan.shard(0, plan.config["run"]["workers"])
-    samples: dict[str, list[float]] = {"forward": [], "backward": [], "update": []}
+    samples: dict[str, list[float]] = {"forward": [], "backward": [], "update": [],
+                                       "strategy": []}
     step = StepChecks(plan.step, list(model.parameters()), "profiling (compute.model = "
                       "'profile'): ")  # the workers' checks, before the run
+    twin = copy.deepcopy(model)  # the strategy's: its hooks (overlap's) stay off the model
+    round_ = _strategy_round(plan, twin)
     for k in range(warmup + repeat):
         x, y = shard.batch(k)
         optimizer.zero_grad()
@@ -132,39 +150,54 @@ def _profile(plan: Plan, warmup: int, repeat: int) -> dict[str, str]:
         t2 = time.perf_counter()
         optimizer.step()
         t3 = time.perf_counter()
+        seconds = [t1 - t0, t2 - t1, t3 - t2]
+        if round_ is not None:
+            _copy_into(twin, model)
+            t4 = time.perf_counter()
+            round_()
+            seconds.append(time.perf_counter() - t4)
         if k >= warmup:
-            for phase, seconds in zip(samples, (t1 - t0, t2 - t1, t3 - t2)):
-                samples[phase].append(seconds)
-    out = {phase: _time(statistics.median(s)) for phase, s in samples.items()}
-    flat = flatten(list(model.parameters()))
-    out["codec"] = _time(_codec_seconds(plan, flat, warmup, repeat))
-    vector = flat.clone()
-    seconds = _median(lambda: vector.add_(flat), warmup, repeat)
-    out["reduce_bandwidth"] = f"{round(flat.numel() * flat.element_size() / max(seconds, 1e-9))}B"
-    out["strategy"] = _time(_strategy_seconds(plan, warmup, repeat))
-    return out
+            for phase, took in zip(samples, seconds):
+                samples[phase].append(took)
+    return samples, model
 
 
-def _strategy_seconds(plan: Plan, warmup: int, repeat: int) -> float:
+def _copy_into(twin: torch.nn.Module, model: torch.nn.Module) -> None:
+    """`model`'s parameters and gradients, into `twin`'s tensors."""
+    with torch.no_grad():
+        for mine, theirs in zip(twin.parameters(), model.parameters()):
+            mine.copy_(theirs)
+            if theirs.grad is not None:
+                mine.grad = theirs.grad.clone()
+
+
+def _strategy_round(plan: Plan, model: torch.nn.Module) -> Callable[[], None] | None:
     """The strategy's own work in a round over the whole model, on one worker alone: its
     hooks at the run's last step, where every strategy that averages or steps an outer
     optimizer does so over the whole model (drains_at_end), with the exact codec (the
-    codec's time is compute.codec's). 0 for one that cannot run a round alone (a parameter
-    server's, a gossip step's: what they do with a peer's message is reduce_bandwidth's)."""
-    torch.manual_seed(plan.config["run"]["seed"])
-    model = plan.make_model()
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
+    codec's time is compute.codec's). None for one that cannot run a round alone (a
+    parameter server's, a gossip step's: what they do with a peer's message is
+    reduce_bandwidth's)."""
     try:
         replica = Replica(model, _Alone(), copy.deepcopy(plan.strategy), total_steps=1)
-
-        def round_() -> None:
-            replica.ctx.step = 0
-            replica.sync_gradients()
-            replica.sync_parameters()
-        return _median(round_, warmup, repeat)
     except (NotAlone, UserError):  # one that needs peers (or more than one worker)
-        return 0.0
+        return None
+
+    def round_() -> None:
+        replica.ctx.step = 0
+        replica.sync_gradients()
+        replica.sync_parameters()
+    try:
+        round_()
+    except (NotAlone, UserError):
+        return None
+    return round_
+
+
+def _strategy_seconds(plan: Plan, warmup: int, repeat: int) -> float:
+    """compute.strategy alone (another strategy, the same job)."""
+    rounds = _steps(plan, warmup, repeat)[0]["strategy"]
+    return statistics.median(rounds) if rounds else 0.0
 
 
 def _codec_seconds(plan: Plan, flat: torch.Tensor, warmup: int, repeat: int) -> float:
