@@ -2,16 +2,19 @@
 their run directories shipped back to the driver; simulated cells give the bits of a local
 bench."""
 
+import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from fastsgd.bench import run_bench
-from fastsgd.cli.main import main
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install fastsgd[ray]; "
-                                        ".ci/run installs it)")
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("Ray is not installed (pip install fastsgd[ray]; .ci/run installs it)",
+                allow_module_level=True)
 
 SPEC = """
 [base]
@@ -30,26 +33,38 @@ network.bandwidth = "100Mbit"
 SAME = ("model.pt", "metrics.jsonl", "eval.jsonl")
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    # Ray's workers import fastsgd: from this checkout, as the tests do
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [src, before]))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
+# Ray runs in a process of its own, never in the test's: ray.init leaves gRPC threads in
+# its process after ray.shutdown, and a later test of the same pytest worker that forks
+# (the launcher, a multiprocessing pool) got children that exited or hung on a lock (CI:
+# test_many_processes_claim_distinct_folders never returned)
+DRIVER = """
+import sys
+from pathlib import Path
+import ray
+from fastsgd.bench import run_bench
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+try:
+    code = run_bench(Path(sys.argv[1]), Path(sys.argv[2]), quiet=True, ray_address="auto")
+finally:
     ray.shutdown()
-    if before is None:
-        del os.environ["PYTHONPATH"]
-    else:
-        os.environ["PYTHONPATH"] = before
+sys.exit(code)
+"""
+
+
+def _env() -> dict[str, str]:
+    """Ray's workers import fastsgd: from this checkout, as the tests do."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [src, os.environ.get("PYTHONPATH")]))}
 
 
 @pytest.mark.multiproc
-def test_ray_cells_are_the_bits_of_local_cells(local_ray, tmp_path):
+def test_ray_cells_are_the_bits_of_local_cells(tmp_path):
     spec = tmp_path / "sweep.toml"
     spec.write_text(SPEC)
-    assert run_bench(spec, tmp_path / "ray", quiet=True, ray_address="auto") == 0
+    driver = subprocess.run([sys.executable, "-c", DRIVER, str(spec), str(tmp_path / "ray")],
+                            capture_output=True, text=True, env=_env(), timeout=600)
+    assert driver.returncode == 0, driver.stderr[-3000:]
     assert run_bench(spec, tmp_path / "local", jobs=2, quiet=True) == 0
     ids = sorted(p.name for p in (tmp_path / "local" / "cells").iterdir() if p.is_dir())
     assert len(ids) == 2
@@ -62,11 +77,12 @@ def test_ray_cells_are_the_bits_of_local_cells(local_ray, tmp_path):
     assert (tmp_path / "ray" / "report" / "report.html").is_file()
 
 
-def test_an_unreachable_ray_address_is_one_line(tmp_path, capsys):
+def test_an_unreachable_ray_address_is_one_line(tmp_path):
     spec = tmp_path / "sweep.toml"
     spec.write_text(SPEC)
-    ray.shutdown()  # so that the bench must connect itself (any instance of this process
-    # is gone: the test of the other cells uses its own, and has finished)
-    assert main(["bench", str(spec), "--ray", "127.0.0.1:1", "--out", str(tmp_path / "b")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--ray 127.0.0.1:1: cannot reach a Ray cluster" in err, err
+    bench = subprocess.run([sys.executable, "-m", "fastsgd", "bench", str(spec), "--ray",
+                            "127.0.0.1:1", "--out", str(tmp_path / "b")],
+                           capture_output=True, text=True, env=_env(), timeout=300)
+    assert bench.returncode == 2, bench.stderr
+    assert bench.stderr.count("\n") == 1 and \
+        "--ray 127.0.0.1:1: cannot reach a Ray cluster" in bench.stderr, bench.stderr
