@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,12 +14,11 @@ from fastsgd import pack
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.config import schema as cfg
 from fastsgd.config.objects import described, is_import_path, resolve
-from fastsgd.config.options import reaching_past
 from fastsgd.config.schema import paths_from
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks import brings_its_step, model_loss_step
-from fastsgd.frameworks.base import NO_DDP
 from fastsgd.launch.local import launch
+from fastsgd.launch.preflight import check_job, check_run
 from fastsgd.launch.processes import door_of, expendable, rejoin_steps, train_process
 from fastsgd.launch.simulate import check_faults, prepared, simulate_plan
 from fastsgd.launch.supervise import supervise
@@ -33,8 +31,6 @@ from fastsgd.loop.components import (
     record,
 )
 from fastsgd.loop.kit.optimizers import OptimizerFn, optimizer_from_config
-from fastsgd.loop.kit.precision import check_precision
-from fastsgd.loop.kit.schedule import check as check_schedule
 from fastsgd.loop.language import for_data, gpt_factory
 from fastsgd.loop.plan import EvalFn, Plan, StepFn, evaluate_classifier
 from fastsgd.loop.results import Result, result_of
@@ -50,11 +46,9 @@ from fastsgd.records.rundir import (
     release,
 )
 from fastsgd.strategies import CHOICES, Strategy, build_strategy, capabilities_of, hook
-from fastsgd.strategies.base import check_codec
 from fastsgd.transport.sim import ComputeModel, Faults, Network
-from fastsgd.transport.sim.compute import heterogeneity
 from fastsgd.transport.torch_dist import TorchTransport
-from fastsgd.workloads.data import Dataset, Shard, load_dataset
+from fastsgd.workloads.data import Dataset, load_dataset
 from fastsgd.workloads.models import build_model
 from fastsgd.workloads.torch_data import from_torch, is_torch_dataset
 
@@ -237,22 +231,8 @@ class Job:
         directory is locked for this run (rundir.hold) unless not `writer`: a worker that
         joins the run holding it (fastsgd join)."""
         dataset = self._dataset(config)
-        # each worker's Shard checks it too, but only once forked: 100000 workers take hours
-        Shard(dataset.train_x, dataset.train_y, config["data"]["batch_size"], 0,
-              config["run"]["workers"], config["run"]["seed"])
         strategy, codec = self._strategy_object(config), self._codec(config)
-        check_codec(strategy, codec, config["run"]["workers"])
-        heterogeneity(config["compute"], 0).check(config["run"]["workers"])  # real ones too
-        if strategy.name == "ddp" and self._step is model_loss_step:
-            raise UserError(NO_DDP)
-        _check_momentum_once(codec, config["optimizer"])
-        check_optimizer = hook(strategy, "check_optimizer")
-        if check_optimizer is not None:  # on a probe: before any worker starts
-            check_optimizer(self._optimizer([torch.nn.Parameter(torch.zeros(1))]), codec)
-        if config["run"]["checkpoint_every"] and not capabilities_of(strategy).checkpoints:
-            raise ConfigError(f"strategy.name = '{strategy.name}' cannot be checkpointed yet: "
-                              "what it keeps between steps is not all in its state; set "
-                              "run.checkpoint_every = 0")
+        check_job(config, dataset, strategy, codec, self._optimizer, self._step)
         make_model = self._model_factory(config, dataset)
         run_dir = self._run_dir(config, transport, writer)
         try:
@@ -275,14 +255,9 @@ class Job:
         total = plan.total_steps(config["run"]["workers"])
         if self.resume:
             check_not_finished(run_dir, total)
-        # what each worker refuses at its start, once here before any is forked
-        check_schedule(config["optimizer"], total)
-        check_precision(config["run"]["precision"], simulated or not torch.cuda.is_available())
         leader = transport is None or transport.rank == 0
-        for section, obj in (("strategy", strategy), ("compression", codec)) if leader else ():
-            for line in reaching_past(section, getattr(obj, "OPTIONS", {}),
-                                      getattr(obj, "options", {}), total):
-                print(f"fastsgd: {line}", file=sys.stderr, flush=True)
+        check_run(config, {"strategy": strategy, "compression": codec}, total, simulated,
+                  leader)
         if dataset.about and leader:
             (run_dir / "data.json").write_text(json.dumps(dataset.about, indent=1) + "\n")
         return plan
@@ -348,16 +323,6 @@ def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Pat
     if not path.is_file():
         raise UserError(f"cannot resume {run_dir}: no config.toml there (not a run directory)")
     return path
-
-
-def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:
-    """DGC's momentum correction (Lin et al. 2018) moves the momentum into the codec, before
-    sparsification; the optimizer's momentum on top would apply it twice and diverge."""
-    momentum = getattr(codec, "momentum", 0.0)
-    if momentum > 0 and optimizer.get("momentum", 0) > 0:
-        raise UserError(f"compression.name = '{codec.name}' applies momentum itself "
-                        f"(compression.momentum = {momentum}): set optimizer.momentum = 0, "
-                        f"not {optimizer['momentum']}")
 
 
 def _packed_defaults(raw: dict) -> None:

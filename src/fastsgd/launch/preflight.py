@@ -1,0 +1,66 @@
+"""What a job refuses (or warns of) once, in the launching process, before any worker
+starts: each worker would find the same, but only once forked, and 100000 simulated
+workers take hours to get there."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fastsgd.compress import Compressor
+from fastsgd.config.options import reaching_past
+from fastsgd.errors import ConfigError, UserError
+from fastsgd.frameworks import model_loss_step
+from fastsgd.frameworks.base import NO_DDP
+from fastsgd.loop.kit.precision import check_precision
+from fastsgd.loop.kit.schedule import check as check_schedule
+from fastsgd.strategies import Strategy, capabilities_of, hook
+from fastsgd.strategies.base import check_codec
+from fastsgd.transport.sim.compute import heterogeneity
+from fastsgd.workloads.data import Dataset, Shard
+
+
+def check_job(config: dict, dataset: Dataset, strategy: Strategy, codec: Compressor,
+              make_optimizer: Callable[..., torch.optim.Optimizer], step: Callable) -> None:
+    """The pieces together: the data's shards, the strategy with the codec, the workers'
+    speeds, the optimizer, and checkpoints."""
+    workers = config["run"]["workers"]
+    Shard(dataset.train_x, dataset.train_y, config["data"]["batch_size"], 0, workers,
+          config["run"]["seed"])
+    check_codec(strategy, codec, workers)
+    heterogeneity(config["compute"], 0).check(workers)  # real ones too
+    if strategy.name == "ddp" and step is model_loss_step:
+        raise UserError(NO_DDP)
+    _check_momentum_once(codec, config["optimizer"])
+    check_optimizer = hook(strategy, "check_optimizer")
+    if check_optimizer is not None:  # on a probe: before any worker starts
+        check_optimizer(make_optimizer([torch.nn.Parameter(torch.zeros(1))]), codec)
+    if config["run"]["checkpoint_every"] and not capabilities_of(strategy).checkpoints:
+        raise ConfigError(f"strategy.name = '{strategy.name}' cannot be checkpointed yet: "
+                          "what it keeps between steps is not all in its state; set "
+                          "run.checkpoint_every = 0")
+
+
+def check_run(config: dict, objects: dict[str, Any], total: int, simulated: bool,
+              leader: bool) -> None:
+    """The run's length against the schedule and the options that count steps (one line
+    each on stderr, from the leader), and the precision on this device."""
+    check_schedule(config["optimizer"], total)
+    check_precision(config["run"]["precision"], simulated or not torch.cuda.is_available())
+    for section, obj in objects.items() if leader else ():
+        for line in reaching_past(section, getattr(obj, "OPTIONS", {}),
+                                  getattr(obj, "options", {}), total):
+            print(f"fastsgd: {line}", file=sys.stderr, flush=True)
+
+
+def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:
+    """DGC's momentum correction (Lin et al. 2018) moves the momentum into the codec, before
+    sparsification; the optimizer's momentum on top would apply it twice and diverge."""
+    momentum = getattr(codec, "momentum", 0.0)
+    if momentum > 0 and optimizer.get("momentum", 0) > 0:
+        raise UserError(f"compression.name = '{codec.name}' applies momentum itself "
+                        f"(compression.momentum = {momentum}): set optimizer.momentum = 0, "
+                        f"not {optimizer['momentum']}")
