@@ -1,4 +1,4 @@
 """The ground floor: options and their checks, import paths, units, TOML files, and the run's
-schema (schema.py). Imports nothing of fastsgd but errors.py."""
+keys (keys.py) and how a config is read, checked and written (schema.py). Imports nothing of fastsgd but errors.py."""
 
 VERSION = "0.1.0"

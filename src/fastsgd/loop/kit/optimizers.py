@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from fastsgd.config.keys import KIT_KEYS
 from fastsgd.config.objects import (
     WANTED,
     check_arguments,
@@ -18,7 +19,6 @@ from fastsgd.config.objects import (
     is_import_path,
     resolve,
 )
-from fastsgd.config.schema import KIT_KEYS
 from fastsgd.errors import ConfigError, UserError
 
 OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
