@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastsgd.launch.local import free_port
 from fastsgd.records import checkpoint
+from fastsgd.testing.ports import free_port
 from tests.conftest import interrupt_once_training, max_abs_diff, orphans, reference_sgd
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "torchrun_train.py"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastsgd import Job
-from fastsgd.launch.local import free_port
+from fastsgd.testing.ports import free_port
 from tests.launch.test_torchrun import torchrun
 from tests.pack.user_job import SECRETS, write_script
 

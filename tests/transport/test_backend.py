@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastsgd.errors import UserError
-from fastsgd.launch.local import free_port
+from fastsgd.testing.ports import free_port
 from fastsgd.transport.rendezvous import pick_backend
 
 

@@ -13,7 +13,6 @@ that shrink form their new group through it (transport/shrink.py).
 from __future__ import annotations
 
 import multiprocessing as mp
-import random
 import signal
 import socket
 import sys
@@ -21,7 +20,6 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing import connection
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -33,29 +31,6 @@ from fastsgd.launch.door import EVERY, Door
 from fastsgd.launch.forking import child, failure_of, forked
 
 STOP_WITHIN = 4.5  # seconds the workers have to stop on Ctrl-C
-
-
-def free_port() -> int:
-    """A port nobody listens on now, for a launcher that binds it itself later (torchrun's
-    --master-port): taken below the kernel's ephemeral range, so that no socket bound to
-    port 0 in between (another job's store or message port) is given it."""
-    low = _ephemeral_low()
-    for _ in range(64):
-        port = random.SystemRandom().randrange(max(1024, low - 12000), low)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise UserError(f"no free port on 127.0.0.1 below {low} after 64 tries")
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
 
 
 def rendezvous_socket() -> socket.socket:
