@@ -9,3 +9,11 @@ FP32 = 4 * NUMEL  # its bytes
 
 def gradient(seed: int = 0, numel: int = NUMEL) -> torch.Tensor:
     return torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+
+
+class OneWorker:
+    """A transport of one worker, for PowerSGD's all-reduces: the sum of one is itself."""
+    world_size = 1
+
+    def all_reduce(self, tensor, async_op=False):
+        return None

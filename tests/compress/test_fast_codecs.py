@@ -12,7 +12,7 @@ from fastsgd.compress.powersgd import products, shape_of
 from fastsgd.compress.qsgd import QSGD
 from fastsgd.compress.quantize import OneBit, Sign, blocks
 from fastsgd.compress.sparse import RandomK, TopK, kept
-from tests.compress.helpers import NUMEL, gradient
+from tests.compress.helpers import NUMEL, OneWorker, gradient
 
 # The codecs as they were before they were made fast (benchmarks/codec_speed.py): the fast
 # ones must give the same payloads, bit for bit, and the same decoded tensors and residuals.
@@ -281,14 +281,7 @@ def reference_powersgd(codec, tensor, state):
     return approximation.view_as(tensor)
 
 
-class OneWorker:
-    world_size = 1
-
-    def all_reduce(self, tensor, async_op=False):
-        return None
-
-
-@pytest.mark.parametrize("numel", [7, 4096, NUMEL])
+@pytest.mark.parametrize("numel", [4099, 4096, NUMEL])  # 4099: padded
 def test_powersgd_matches_the_reference(numel):
     codec = build_compressor({"name": "powersgd"})
     x = gradient(0, numel)

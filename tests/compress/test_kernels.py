@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fastsgd.compress import build_compressor, kernels, qsgd, shuffle, sparse
-from tests.compress.helpers import NUMEL, gradient
+from tests.compress.helpers import NUMEL, OneWorker, gradient
 from tests.compress.test_fast_codecs import awkward, bitwise_equal, same_payload
 
 
@@ -108,14 +108,7 @@ def test_randomks_shuffle_is_torchs_with_the_loops_and_without(numel, k, without
                                                 generator=torch.Generator().manual_seed(seed))[:k])
 
 
-class OneWorker:
-    world_size = 1
-
-    def all_reduce(self, tensor, async_op=False):
-        return None
-
-
-@pytest.mark.parametrize("numel", [7, 4096, NUMEL])
+@pytest.mark.parametrize("numel", [4099, 4096, NUMEL])  # 4099: padded
 def test_powersgds_approximation_is_the_same_with_the_loops_and_without(numel, without_loops):
     def run():
         codec, x = build_compressor({"name": "powersgd"}), gradient(0, numel)

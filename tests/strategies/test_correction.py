@@ -138,5 +138,5 @@ def test_powersgd_keeps_no_residual_of_its_own():
     from fastsgd.compress.collectives import unsent
 
     codec = build_compressor({"name": "powersgd"})
-    state = codec.init(torch.ones(64))
-    assert state["residual"] is not None and unsent(codec, state, torch.ones(64)) is None
+    state = codec.init(torch.ones(4096))
+    assert state["residual"] is not None and unsent(codec, state, torch.ones(4096)) is None

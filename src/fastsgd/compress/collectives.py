@@ -23,9 +23,12 @@ from fastsgd.transport.base import Transport
 
 
 def init_all_reduce(codec: Compressor, like: torch.Tensor, world_size: int) -> dict[str, Any]:
-    """The codec state of one all-reduced tensor (e.g. one gradient bucket)."""
-    if codec.kind != "quantize":
+    """The codec state of one all-reduced tensor (e.g. one gradient bucket). `like` may
+    have its parameter's shape, which PowerSGD factors (the others see it flat)."""
+    if codec.kind == "lowrank":
         return codec.init(like)
+    if codec.kind != "quantize":
+        return codec.init(like.reshape(-1))
     chunk = _chunks(like.reshape(-1), world_size)[0]
     return {"scatter": [codec.init(chunk) for _ in range(world_size)],
             "gather": codec.init(chunk)}

@@ -3,8 +3,12 @@ one step of power iteration, warm-started from the previous step's factor, with 
 feedback. Two all-reduces per message (of P = M Q, then of Q = M^T P), so it is not a
 payload codec: it lives where an all-reduce is (`kind = "lowrank"`, see collectives.py).
 
-A flat tensor of n elements is viewed as a near-square matrix (padded with zeros), so one
-codec serves whole gradient buckets: (rows + cols) * rank floats cross the wire instead of n.
+Each tensor is approximated as the paper does (Section 3): a layer's weight of shape
+(out, ...) as the matrix (out, prod(...)), whose gradient is low-rank (a sum of one outer
+product per sample); a flat tensor (a bucket of several layers, a pseudo-gradient) as a
+near-square matrix, padded with zeros. (rows + cols) * rank floats cross the wire instead of
+rows * cols; a tensor the factors would not shrink (a bias, a small layer) is all-reduced
+whole, as the paper does for vectors.
 """
 
 from __future__ import annotations
@@ -22,8 +26,16 @@ from fastsgd.transport.base import Transport
 
 
 def shape_of(numel: int) -> tuple[int, int]:
+    """The near-square matrix a flat tensor of `numel` elements is viewed as."""
     rows = max(1, math.isqrt(numel - 1) + 1 if numel > 1 else 1)
     return rows, -(-numel // rows)
+
+
+def matrix_shape(like: torch.Tensor) -> tuple[int, int]:
+    """(out, prod(rest)) for a tensor of two or more dimensions, else near-square."""
+    if like.dim() >= 2 and like.shape[0] > 0:
+        return like.shape[0], like.numel() // like.shape[0]
+    return shape_of(like.numel())
 
 
 def products(matrix: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -55,16 +67,26 @@ class PowerSGD(Codec):
         self.rank, self.seed = rank, seed
 
     def init(self, like: torch.Tensor) -> dict[str, Any]:
-        rows, cols = shape_of(like.numel())
+        """`like` in its own shape (see matrix_shape); the state has no factor `q` where the
+        factors would not be smaller than the tensor (nor a residual: it is sent whole)."""
+        rows, cols = matrix_shape(like)
+        rank = min(self.rank, rows, cols)
+        if (rows + cols) * rank >= rows * cols:
+            return {}
         generator = torch.Generator().manual_seed(self.seed)
-        q = torch.randn(cols, min(self.rank, rows, cols), generator=generator)
-        return {**super().init(like), "q": q.to(like.device, like.dtype)}
+        q = torch.randn(cols, rank, generator=generator)
+        return {**super().init(like.reshape(-1)), "q": q.to(like.device, like.dtype)}
 
     def all_reduce(self, tensor: torch.Tensor, state: dict[str, Any],
                    transport: Transport) -> torch.Tensor:
         """The mean over workers of the rank-r approximation of tensor + residual."""
+        if "q" not in state:  # not worth factoring: the exact mean
+            mean = tensor.detach().clone()
+            transport.all_reduce(mean)
+            return mean.div_(transport.world_size)
         flat = state["residual"].add_(tensor.detach().reshape(-1))  # the residual, in place
-        rows, cols = shape_of(flat.numel())
+        cols = state["q"].shape[0]
+        rows = -(-flat.numel() // cols)
         if rows * cols == flat.numel():  # a square or near-square size: no padding
             matrix = flat.view(rows, cols)
         else:

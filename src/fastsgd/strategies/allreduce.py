@@ -49,8 +49,11 @@ class _Bucket:
         self.handle: Handle | None = None
 
     def like(self) -> torch.Tensor:
-        """A flat tensor of the bucket's size and kind (what codec state is shaped after)."""
+        """A tensor of the bucket's size and kind (what codec state is shaped after): its
+        parameter's shape where it holds one (PowerSGD factors a layer's own matrix)."""
         p = self.params[0]
+        if len(self.params) == 1:
+            return torch.zeros_like(p, memory_format=torch.contiguous_format)
         return torch.zeros(sum(self.sizes), dtype=p.dtype, device=p.device)
 
     def gather_params(self) -> torch.Tensor:
