@@ -1,6 +1,7 @@
 """Every strategy trains: LeNet on Fashion-MNIST, 4 real worker processes, final accuracy.
 
     python benchmarks/strategies_accuracy.py [--epochs N] [--only dpsgd,sgp] [--simulate]
+        [--set compression.name=powersgd ...]
 
 Batch 32 per worker, SGD lr 0.05 momentum 0.9, 3 epochs, except: where the strategy adds up
 every worker's steps into one model (hogwild): lr / 4; ltfb, whose four models each train
@@ -16,6 +17,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+
+from common import overrides
 
 import fastsgd as fs
 
@@ -39,12 +42,15 @@ def main() -> None:
                    help="for every strategy (default: 3, or the strategy's own setting)")
     p.add_argument("--only", default="", help="comma-separated strategy names")
     p.add_argument("--simulate", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting for every strategy (after the strategy's own)")
     args = p.parse_args()
     names = args.only.split(",") if args.only else list(RUNS)
     for name in names:
         with tempfile.TemporaryDirectory() as out:
             options = {"run.epochs": 3.0, "run.eval_every": 0, "run.out": out,
-                       "data.batch_size": 32, "run.target_accuracy": 0.85, **RUNS[name]}
+                       "data.batch_size": 32, "run.target_accuracy": 0.85, **RUNS[name],
+                       **overrides(args.set)}
             if args.epochs is not None:
                 options["run.epochs"] = args.epochs
             job = fs.Job(model="lenet", data="fashion_mnist", strategy=name, options=options,
