@@ -12,8 +12,10 @@ import torch.nn.functional as F
 
 from fastsgd.errors import UserError
 from fastsgd.loop.plan import Batch, cross_entropy_step, evaluate_classifier, kept_modes
+from fastsgd.loop.regression import evaluate_mse, mse_step
 from fastsgd.workloads.data import Dataset, test_batches
 from fastsgd.workloads.gpt import GPT, parameter_count
+from fastsgd.workloads.kinds import REGRESSION
 
 EVAL_BATCH = 32  # windows per evaluation forward
 
@@ -57,9 +59,11 @@ def _check_logits(logits: object, ids: torch.Tensor) -> None:
 def for_data(fn: Callable[..., Any], dataset: Dataset) -> Callable[..., Any]:
     """The default step or evaluation for `dataset`: model.step = "cross_entropy" and
     model.evaluate = "accuracy" score the next token on text and tokens, the class on
-    images; any other (the user's) as it is."""
+    images, the squared error on a regression's targets; any other (the user's) as it is."""
     if dataset.kind == "images":
         return fn
+    if dataset.kind == REGRESSION:
+        return {cross_entropy_step: mse_step, evaluate_classifier: evaluate_mse}.get(fn, fn)
     return {cross_entropy_step: next_token_step,
             evaluate_classifier: evaluate_next_token}.get(fn, fn)
 
@@ -68,6 +72,10 @@ def gpt_factory(section: dict[str, Any], dataset: Dataset) -> Callable[[], torch
     """model.name = "gpt" (gpt.py) sized by the [model] section, for `dataset`'s tokens;
     built once here, so that a bad size fails in one line before any worker starts."""
     name = section["name"]
+    if dataset.kind == REGRESSION:
+        raise UserError(f"model.name = '{name}' is a built-in model of images or tokens; "
+                        f"'{dataset.name}' holds a regression's targets: give a model of "
+                        "your own (model=)")
     if name != "gpt":
         raise UserError(f"model.name = '{name}' takes images; data.name = '{dataset.name}' "
                         "holds tokens: set model.name = 'gpt', or give a model of your own")

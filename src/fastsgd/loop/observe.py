@@ -10,6 +10,7 @@ the last one evaluates. Both keep what they saw in an `EvalLog`.
 from __future__ import annotations
 
 import copy
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -88,7 +89,8 @@ class EvalLog:
     def record(self, step: int, when: float, model: torch.nn.Module, accuracy: float,
                loss: float, consensus: float, wall: float) -> None:
         self.last, self.model = (step, accuracy, loss, consensus), (step, model)
-        self.writer.write({"step": step, "time": round(when, 9), "accuracy": accuracy,
+        self.writer.write({"step": step, "time": round(when, 9),  # a regression's: null
+                           "accuracy": None if math.isnan(accuracy) else accuracy,
                            "loss": loss, **loss_metrics(loss, self.kind),
                            "consensus_distance": consensus})
         if self.target.reached(accuracy, loss) and self.time_to_target is None:
@@ -106,8 +108,9 @@ class EvalLog:
         """What the evaluations found so far, from the file: the worker that wrote it was
         lost, and this one evaluates from now on."""
         for row in read_jsonl(self.path) if Path(str(self.path)).exists() else []:
-            self.last = (row["step"], row["accuracy"], row["loss"], row["consensus_distance"])
-            if self.target.reached(row["accuracy"], row["loss"]) and self.time_to_target is None:
+            accuracy = math.nan if row["accuracy"] is None else row["accuracy"]
+            self.last = (row["step"], accuracy, row["loss"], row["consensus_distance"])
+            if self.target.reached(accuracy, row["loss"]) and self.time_to_target is None:
                 self.time_to_target = row["time"]
 
 

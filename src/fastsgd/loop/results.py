@@ -128,7 +128,7 @@ def targets(target: Target) -> dict[str, Any]:
 def final_loss_metrics(loss: float, kind: str) -> dict[str, float | None]:
     """final_perplexity, and final_bits_per_byte (null but for byte-level text)."""
     metrics = loss_metrics(loss, kind)
-    return {"final_perplexity": number(metrics["perplexity"]),
+    return {"final_perplexity": number(metrics.get("perplexity", math.nan)),
             "final_bits_per_byte": number(metrics.get("bits_per_byte", math.nan))}
 
 

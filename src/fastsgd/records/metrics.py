@@ -12,15 +12,19 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fastsgd.errors import UserError
+from fastsgd.workloads.kinds import REGRESSION, TEXT
 
 PHASES = ("io", "h2d", "forward", "backward", "aggregation", "update")
-BYTES = "text"  # the dataset kind whose tokens are bytes: its loss reads as bits per byte
+BYTES = TEXT  # the dataset kind whose tokens are bytes: its loss reads as bits per byte
 
 
 def loss_metrics(loss: float, kind: str = "images") -> dict[str, float]:
     """What an evaluation's loss (the mean cross-entropy in nats) also says: its perplexity,
     exp(loss), and for byte-level text (dataset kind "text") its bits per byte, loss / ln 2.
-    A NaN loss gives NaNs; a loss too large for exp, an infinite perplexity."""
+    A NaN loss gives NaNs; a loss too large for exp, an infinite perplexity. A regression's
+    loss (a mean squared error) says nothing more."""
+    if kind == REGRESSION:
+        return {}
     try:
         perplexity = math.exp(loss)
     except OverflowError:

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastsgd.records.metrics import PHASES
 from fastsgd.report.runs import RunData
+from fastsgd.workloads.kinds import LOSS_KINDS, REGRESSION
 
 WIDTH, HEIGHT, DPI = 7.0, 4.0, 100
 LEGEND_MAX = 12  # curves named in a legend
@@ -69,22 +70,34 @@ def log_axis(axis: Any, low: float, high: float) -> None:
 
 
 def accuracy_vs_time(runs: list[RunData]) -> bytes | None:
+    runs = _with_accuracy(runs)
     clocks = {r.clock for r in runs}
     return _lines(runs, lambda r: [(e["time"], e["accuracy"]) for e in r.evals],
-                  f"training time (s, {' or '.join(sorted(clocks))})", "test accuracy")
+                  f"training time (s, {' or '.join(sorted(clocks))})",
+                  "test accuracy") if runs else None
+
+
+def _with_accuracy(runs: list[RunData]) -> list[RunData]:
+    """The runs whose evaluations have an accuracy (a regression's have none)."""
+    return [r for r in runs if r.summary.get("data_kind") != REGRESSION]
+
+
+def _loss_axis(runs: list[RunData]) -> str:
+    kinds = {r.summary.get("data_kind") for r in runs}
+    unit = "mean squared error" if kinds == {REGRESSION} else "nats per token"
+    return f"validation loss ({unit})"
 
 
 def _scored_by_loss(runs: list[RunData]) -> list[RunData]:
     """The runs with a loss target or a language model's data (text, tokens)."""
     return [r for r in runs if (r.target or ("",))[0] == "loss"
-            or r.summary.get("data_kind") in ("text", "tokens")]
+            or r.summary.get("data_kind") in LOSS_KINDS]
 
 
 def loss_vs_bytes(runs: list[RunData]) -> bytes | None:
     chosen = _scored_by_loss(runs)
     return _lines(chosen, lambda r: [(b / 1e6, v) for b, v in r.by_bytes("loss")],
-                  "MB sent by all workers", "validation loss (nats per token)",
-                  logx=True) if chosen else None
+                  "MB sent by all workers", _loss_axis(chosen), logx=True) if chosen else None
 
 
 def loss_vs_time(runs: list[RunData]) -> bytes | None:
@@ -96,12 +109,13 @@ def loss_vs_time(runs: list[RunData]) -> bytes | None:
                                      if isinstance(e.get("loss"), int | float)
                                      and math.isfinite(e["loss"])],
                   f"training time (s, {' or '.join(sorted(clocks))})",
-                  "validation loss (nats per token)") if chosen else None
+                  _loss_axis(chosen)) if chosen else None
 
 
 def accuracy_vs_bytes(runs: list[RunData]) -> bytes | None:
+    runs = _with_accuracy(runs)
     return _lines(runs, lambda r: [(b / 1e6, a) for b, a in r.accuracy_by_bytes()],
-                  "MB sent by all workers", "test accuracy", logx=True)
+                  "MB sent by all workers", "test accuracy", logx=True) if runs else None
 
 
 def consensus_vs_time(runs: list[RunData]) -> bytes | None:

@@ -27,7 +27,7 @@ LABELS = "labels.json"  # {folder name: label}, beside a bench's cell folders
 DEPTH = 3  # how far below a bench directory run directories are looked for
 # what the tables and plots read of each line of metrics.jsonl and eval.jsonl
 RECORDS = {"metrics.jsonl": ("step", "bytes_sent", *PHASES),
-           "eval.jsonl": ("step", "time", "accuracy")}
+           "eval.jsonl": ("step", "time")}  # and an accuracy or (a regression's) a loss
 
 
 @dataclass
@@ -174,11 +174,19 @@ def _records(path: Path) -> list[dict[str, Any]]:
             raise UserError(f"{path}: line {number} is not a fastsgd record (a JSON "
                             f"{type(record).__name__}, not an object)")
         absent = [key for key in RECORDS[path.name] if not _number(record.get(key))]
+        if path.name == "eval.jsonl" and not _scored(record):
+            absent.append("accuracy")
         if absent:
             raise UserError(f"{path}: line {number} is not a fastsgd record (no number for "
                             f"{', '.join(absent)})")
         records.append(record)
     return records
+
+
+def _scored(evaluation: dict[str, Any]) -> bool:
+    """An accuracy, or null (a regression's) beside a loss."""
+    accuracy = evaluation.get("accuracy", False)
+    return _number(accuracy) or accuracy is None and _number(evaluation.get("loss"))
 
 
 def _number(value: Any) -> bool:

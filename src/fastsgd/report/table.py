@@ -17,6 +17,7 @@ from fastsgd.loop.profiling import KEYS as PROFILED
 from fastsgd.records.metrics import PHASES
 from fastsgd.report.runs import RunData, describe, reached
 from fastsgd.report.text import human_bytes, phase_breakdown
+from fastsgd.workloads.kinds import LOSS_KINDS
 
 COLUMNS = ("run", "strategy", "codec", "workers", "steps", "clock", "final_accuracy",
            "final_loss", "final_perplexity", "bits_per_byte", "target_metric", "target_value",
@@ -220,9 +221,6 @@ SEEDS_MARKDOWN = (
 )
 
 
-LANGUAGE = ("text", "tokens")  # dataset kinds whose loss is what one reads
-
-
 def _time_column(table: list[dict[str, Any]], key: str, header: str, scored: str) -> tuple:
     """The time-to-target column: "time to loss 2.00" where every row has that target;
     else "time to target", each cell naming its own."""
@@ -237,7 +235,7 @@ def _time_column(table: list[dict[str, Any]], key: str, header: str, scored: str
 
 def _loss_shown(table: list[dict[str, Any]]) -> bool:
     return any(r.get("target_metric") == "loss" or r.get("bits_per_byte") is not None
-               or r.get("data_kind") in LANGUAGE for r in table)
+               or r.get("data_kind") in LOSS_KINDS for r in table)
 
 
 def markdown_columns(table: list[dict[str, Any]]) -> tuple:

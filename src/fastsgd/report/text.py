@@ -8,6 +8,7 @@ from statistics import fmean
 
 from fastsgd.records.metrics import PHASES, read_jsonl
 from fastsgd.report.runs import describe, target_of
+from fastsgd.workloads.kinds import LOSS_KINDS
 
 
 def phase_breakdown(metrics: list[dict]) -> dict[str, float]:
@@ -56,13 +57,15 @@ def _quality(s: dict) -> str:
     """The final evaluation: a classifier's test accuracy, or a language model's
     validation loss first (its accuracy is the share of next tokens guessed right)."""
     accuracy = _shown(s["final_accuracy"], "{:.2%}")
+    if s.get("data_kind") == "regression":
+        return f"validation     loss {_shown(s['final_loss'], '{:.4g}')} (mean squared error)"
     if _language(s):
         return f"validation     {_loss(s)}; next-token accuracy {accuracy}"
     return f"test accuracy  {accuracy}   ({_loss(s)})"
 
 
 def _language(s: dict) -> bool:
-    return s.get("data_kind") in ("text", "tokens") or (target_of(s) or ("",))[0] == "loss"
+    return s.get("data_kind") in LOSS_KINDS or (target_of(s) or ("",))[0] == "loss"
 
 
 def _loss(s: dict) -> str:

@@ -17,6 +17,7 @@ from torch import Tensor
 from fastsgd.config.objects import is_import_path, resolve
 from fastsgd.errors import UserError
 from fastsgd.workloads.idx import load_idx_folder
+from fastsgd.workloads.kinds import REGRESSION
 from fastsgd.workloads.text import (
     BYTES,
     DEFAULT_STEPS,
@@ -32,7 +33,8 @@ FASHION_MNIST_PATH = "/usr/share/datasets/fashion-mnist"
 
 @dataclass(frozen=True)
 class Dataset:
-    """A normalized image classification dataset: x is float32 (N, C, H, W), y is int64.
+    """A dataset held in memory: for images x is float32 (N, C, H, W) and y int64 labels;
+    see `kind` for the others.
     Checked when made (by hand, too): int32 y and the like become int64 (exact); x of
     another dtype or sample shape suits one's own model only (the default step casts a
     floating x to the model's dtype)."""
@@ -45,8 +47,9 @@ class Dataset:
     num_classes: int
     # (name, path, seed) when made by load_dataset: how a run's config.toml can rebuild it
     source: tuple[str, str, int] | None = field(default=None, compare=False)
-    # "images" (x: (N, C, H, W) floats), "text" (x: windows of bytes, vocabulary 256) or
-    # "tokens" (x: windows of token ids): what the default model, step and evaluation take
+    # "images" (x: (N, C, H, W) floats), "text" (x: windows of bytes, vocabulary 256),
+    # "tokens" (x: windows of token ids) or "regression" (y: floats, (N,) or (N, outputs),
+    # num_classes the outputs): what the default model, step and evaluation take
     kind: str = field(default="images", compare=False)
     default_steps: int = field(default=0, compare=False)  # run.epochs = 0: this many, if set
     about: dict = field(default_factory=dict, compare=False)  # data.json: the corpus
@@ -84,7 +87,8 @@ def _tensor(data: Dataset, key: str, shape: str) -> Tensor:
         hint = " (torch.from_numpy turns it into one)" if isinstance(value, np.ndarray) else ""
         raise UserError(f"Dataset '{data.name}': {key} must be a torch.Tensor of shape "
                         f"{shape}; got a {name}{hint}")
-    if (value.dim() != 1) if key.endswith("_y") else (value.dim() < 2):
+    dims = (1, 2) if key.endswith("_y") and data.kind == REGRESSION else (1,)
+    if (value.dim() not in dims) if key.endswith("_y") else (value.dim() < 2):
         raise UserError(f"Dataset '{data.name}': {key} must be a torch.Tensor of shape "
                         f"{shape}; got shape {tuple(value.shape)}")
     return value
@@ -92,18 +96,35 @@ def _tensor(data: Dataset, key: str, shape: str) -> Tensor:
 
 def _check_split(data: Dataset, split: str) -> Tensor:
     """One split's x and y: tensors of one length, not empty, y integers (x of any dtype:
-    one's own model may take float64 or token ids); the labels y, as int64."""
+    one's own model may take float64 or token ids); the labels y, as int64 (a regression's
+    targets: as they are)."""
     x = _tensor(data, f"{split}_x", "(N, C, H, W)")
-    y = _tensor(data, f"{split}_y", "(N,)")
+    targets = "(N,) or (N, outputs)" if data.kind == REGRESSION else "(N,)"
+    y = _tensor(data, f"{split}_y", targets)
     where = f"Dataset '{data.name}': {split}"
     if len(x) != len(y):
         raise UserError(f"{where}_x has {len(x)} samples but {split}_y has {len(y)}")
     if not len(x):
         raise UserError(f"{where}_x holds no samples; the {split} split needs at least one")
+    if data.kind == REGRESSION:
+        return _check_targets(y, where, split)
     if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
         raise UserError(f"{where}_y is {str(y.dtype)[6:]}; it must hold integer class "
-                        f"labels (int64: {split}_y.long())")
+                        f"labels (int64: {split}_y.long()), or floating-point targets with "
+                        "kind='regression'")
     return y.long()  # int32, uint8...: exact; int64 is y itself
+
+
+def _check_targets(y: Tensor, where: str, split: str) -> Tensor:
+    """A regression's targets: finite floats (a NaN target makes every loss NaN)."""
+    if not y.is_floating_point():
+        raise UserError(f"{where}_y is {str(y.dtype)[6:]}; a regression's targets are "
+                        f"floating-point ({split}_y.float())")
+    if not bool(torch.isfinite(y).all()):
+        bad = int((~torch.isfinite(y)).nonzero()[0, 0])
+        raise UserError(f"{where}_y[{bad}] is {float(y.reshape(len(y), -1)[bad].sum())}; "
+                        "a regression's targets must be finite")
+    return y
 
 
 def _check_labels(data: Dataset) -> None:
@@ -111,6 +132,13 @@ def _check_labels(data: Dataset) -> None:
     n = data.num_classes
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise UserError(f"Dataset '{data.name}': num_classes must be a positive int; got {n!r}")
+    if data.kind == REGRESSION:  # num_classes: the outputs, one per target column
+        outputs = [1 if y.dim() == 1 else y.shape[1] for y in (data.train_y, data.test_y)]
+        if outputs != [n, n]:
+            raise UserError(f"Dataset '{data.name}': train_y and test_y hold {outputs[0]} "
+                            f"and {outputs[1]} targets per sample; num_classes (the "
+                            f"outputs) is {n}")
+        return
     for split in ("train", "test"):
         low, high = (int(v) for v in torch.aminmax(getattr(data, f"{split}_y")))
         if low < 0:

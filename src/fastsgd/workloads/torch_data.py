@@ -1,5 +1,6 @@
 """A torch dataset given to the Python API (`Job(data=...)`), map-style or iterable, read
-once into a `Dataset`: samples that are (x, y) pairs are a classification set; samples
+once into a `Dataset`: samples that are (x, y) pairs are a classification set (integer y)
+or a regression (floating-point y: a number or a vector per sample); samples
 that are one integer tensor each, of one length, are windows of token ids (a language
 model's: the model scores each token after the first). Every HOLD_EVERY-th sample is held
 out for evaluation, the same ones in every run."""
@@ -16,6 +17,7 @@ from torch.utils.data import IterableDataset
 
 from fastsgd.errors import UserError
 from fastsgd.workloads.data import Dataset
+from fastsgd.workloads.kinds import REGRESSION
 from fastsgd.workloads.text import DEFAULT_STEPS
 
 HOLD_EVERY = 20  # 5% held out
@@ -44,6 +46,10 @@ def from_torch(data: Any) -> Dataset:
     x = _stacked([s[0] for s in samples], name, "x")
     y = _stacked([torch.as_tensor(s[1]) for s in samples], name, "y")
     keep = torch.tensor([not h for h in held])
+    if y.is_floating_point():  # targets to fit, not labels
+        outputs = 1 if y.dim() == 1 else int(y[0].numel())
+        y = y.reshape(len(y), outputs) if y.dim() > 2 else y
+        return Dataset(name, x[keep], y[keep], x[~keep], y[~keep], outputs, kind=REGRESSION)
     return Dataset(name, x[keep], y[keep], x[~keep], y[~keep],
                    int(y.max()) + 1 if len(y) else 1)
 
