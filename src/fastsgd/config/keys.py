@@ -86,7 +86,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "eval_every": Option(int, 500, at_least(0), "evaluate every N steps; 0 = at the end"),
         "target_accuracy": Option(float, 0.88, between(0, 1), "for time_to_target; 0 = none"),
         "target_loss": Option(float, 0.0, at_least(0), "validation loss for time_to_target "
-                              "(language models); 0 = none; set, it is the run's target"),
+                              "(language models, regressions); 0 = none; set, it is the "
+                              "run's target"),
         "accumulate": Option(int, 1, at_least(1), "micro-batches of data.batch_size per "
                              "optimizer step; the workers exchange once per step"),
         "precision": Option(str, "fp32", one_of(PRECISIONS), "forward and backward: fp32 | "
@@ -136,8 +137,9 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "width": Option(int, 128, at_least(1), "gpt: embedding width"),
         "context": Option(int, 128, at_least(1), "gpt: tokens a sequence holds"),
         "step": Option(str, "cross_entropy",
-                       doc="loss of a batch: cross_entropy | model_loss (the model's own: JAX, "
-                       "packed) | module:function(model, batch)"),
+                       doc="loss of a batch: cross_entropy (next-token on text, mean "
+                       "squared error on a regression's data) | model_loss (the model's "
+                       "own: JAX, packed) | module:function(model, batch)"),
         "evaluate": Option(str, "accuracy", doc="test metrics: accuracy | "
                            "module:function(model, dataset, device) -> (accuracy, loss)"),
         "packed": Option(str, "", doc="a job archive from fastsgd pack (.fsj): its model, "
