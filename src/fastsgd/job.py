@@ -160,7 +160,8 @@ class Job:
                             "does not carry; a packed job is evaluated by accuracy")
         config = self.config
         dataset = self._dataset(config)
-        return pack.pack(config, self._model_factory(config, dataset), self._step, dataset, out)
+        return pack.pack(config, self._model_factory(config, dataset),
+                         for_data(self._step, dataset), dataset, out)
 
     def run(self, workers: int | None = None) -> Result:
         """Train on real processes: `workers` local processes, or, under torchrun, this

@@ -315,3 +315,16 @@ def test_a_packed_job_packs_again_with_its_own_config(archive, tmp_path):
                                                           ).read_bytes()
     with zipfile.ZipFile(again) as z:
         assert json.loads(z.read("manifest.json"))["config"]["optimizer"]["lr"] == 0.01
+
+
+@pytest.mark.parametrize("expression, allowed", [
+    ("Mul(Integer(16), Symbol('s17', positive=True, integer=True))", True),  # a GPT's step
+    ("Add(Mul(Integer(2), Symbol('s0', positive=True, integer=True)), Integer(1))", True),
+    ("Mul(Integer(16), Symbol('s17'), __import__('os'))", False),
+    ("Mul.__class__", False),
+])
+def test_shape_arithmetic_takes_products_and_sums_of_sizes_and_nothing_else(expression,
+                                                                              allowed):
+    from fastsgd.pack.validate import _check_strings
+
+    assert (_check_strings({"expr_str": expression}) is None) is allowed

@@ -43,6 +43,29 @@ def test_a_packed_job_simulates_bitwise_as_its_source(model, strategy, tmp_path)
     assert first.metrics() == again.metrics() and first.evals() == again.evals()
 
 
+def test_a_packed_language_model_simulates_bitwise_as_its_source(tmp_path):
+    """The GPT's step scores the next token and its forward takes the windows less their
+    last token: both graphs as the source job runs them (the step's shapes are multiples
+    of the batch's symbol, which the archive's validator takes)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(4):
+        (corpus / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + 1\n" * 60)
+    options = {**SMALL, "model.name": "gpt", "data.name": "text", "data.path": str(corpus),
+               "model.context": 16, "model.layers": 1, "model.width": 16, "model.heads": 2,
+               "data.batch_size": 4}
+    source = Job(options={**options, "run.out": str(tmp_path / "source")}, quiet=True)
+    source.pack(tmp_path / "gpt.fsj")
+    first = source.simulate()
+    again = Job(config=str(tmp_path / "gpt.fsj"), quiet=True,
+                options={**options, "model.name": "packed", "run.out": str(tmp_path / "packed")}
+                ).simulate()
+    source_params, packed_params = _params(first.run_dir), _params(again.run_dir)
+    assert set(source_params) - set(packed_params) == {"head.weight"}  # tied to tokens'
+    assert all(torch.equal(source_params[k], packed_params[k]) for k in packed_params)
+    assert first.evals() == again.evals()
+
+
 def _archive_text(path) -> bytes:
     """Every byte the archive holds, uncompressed, the graphs' own members included."""
     with zipfile.ZipFile(path) as z:

@@ -26,6 +26,7 @@ from fastsgd.pack.packed import PackedFactory, PackedModel, signature
 from fastsgd.pack.validate import check_program
 from fastsgd.strategies import CHOICES
 from fastsgd.workloads.data import Dataset
+from fastsgd.workloads.kinds import TEXT, TOKENS
 
 __all__ = ["Archive", "PackedFactory", "PackedModel", "archive_config", "check_config", "pack",
            "read_archive", "versions"]
@@ -54,14 +55,15 @@ def pack(config: dict[str, Any], make_model: Callable[[], torch.nn.Module], step
     rng = torch.get_rng_state()
     n = min(config["data"]["batch_size"], len(dataset.train_y))
     x, y = dataset.train_x[:n], dataset.train_y[:n]
-    loss, forward = export_programs(model, step, x, y)
+    inputs = x[:, :-1].long() if dataset.kind in (TEXT, TOKENS) else x  # what the model gets
+    loss, forward = export_programs(model, step, x, y, inputs)
     for key, program in (("model.step", loss), ("model.name", forward)):
         why = check_program(program)  # what the loader would refuse, refused here
         if why:
             raise UserError(f"{key}: its graph holds what fastsgd's loader refuses: {why}")
     with torch.no_grad():
         was_training = model.training
-        output = model.eval()(x[:1])
+        output = model.eval()(inputs[:1])
         model.train(was_training)
     tensors = {"parameters": [(k, p) for k, p in model.named_parameters()],
                "buffers": [(k, b) for k, b in model.named_buffers()],

@@ -70,10 +70,13 @@ def _state(model: nn.Module, params: list[torch.Tensor],
     return dict(zip(names, [*params, *buffers]))
 
 
-def export_programs(model: nn.Module, step: StepFn, x: torch.Tensor,
-                    y: torch.Tensor) -> tuple[bytes, bytes]:
+def export_programs(model: nn.Module, step: StepFn, x: torch.Tensor, y: torch.Tensor,
+                    inputs: torch.Tensor | None = None) -> tuple[bytes, bytes]:
     """(loss, forward) as saved ExportedPrograms, for any batch size; UserError naming the
-    operation and the line where the step or the model cannot be captured."""
+    operation and the line where the step or the model cannot be captured. The step takes
+    the batch (x, y); the model `inputs` (x itself unless given: a language model's
+    windows less their last token)."""
+    inputs = x if inputs is None else inputs
     params = [p.detach() for p in model.parameters()]
     buffers = [b.detach() for b in model.buffers()]
     batch = torch.export.Dim("batch", min=1)
@@ -85,7 +88,7 @@ def export_programs(model: nn.Module, step: StepFn, x: torch.Tensor,
                        (*fixed, {0: batch}, {0: batch}), "model.step")
         _check_scalar(loss)
         model.eval()
-        forward = _export(_Forward(model), (params, buffers, x), (*fixed, {0: batch}),
+        forward = _export(_Forward(model), (params, buffers, inputs), (*fixed, {0: batch}),
                           "model.name")
     finally:
         model.train(was_training)

@@ -28,7 +28,7 @@ EMPTY_TABLES = ("data/weights/model_weights_config.json",
 TARGET = re.compile(r"(torch\.ops\.aten\.\w+\.\w+|_operator\.\w+)")
 # sympy's printing of shape symbols and the few functions shape arithmetic uses
 SYMBOL = re.compile(r"Symbol\('[a-z]\d+'(, (positive|integer|nonnegative)=(True|False))*\)"
-                    r"|\b(Mod|FloorDiv|CeilDiv|PythonMod|Max|Min|Integer)\b|\b[a-z]\d+\b")
+                    r"|\b(Mod|FloorDiv|CeilDiv|PythonMod|Max|Min|Integer|Mul|Add)\b|\b[a-z]\d+\b")
 GUARD_SIZE = re.compile(r"L\['\w+'\]\.size\(\)\[\d+\]")
 PLAIN = re.compile(r"[\d\s+\-*/%(),<>=!]*")
 
