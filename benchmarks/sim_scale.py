@@ -71,7 +71,8 @@ import fastsgd as fs
 from fastsgd.config.toml_files import parse_override
 from fastsgd.loop.components import optimizer_from_config
 from fastsgd.transport.sim.lanes import cores
-from fastsgd.workloads.data import Dataset, Shard, load_dataset
+from fastsgd.workloads.data import Shard, load_dataset
+from fastsgd.workloads.dataset import Dataset
 from fastsgd.workloads.models import build_model
 
 BATCH, LR, MOMENTUM = 32, 0.05, 0.9

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from fastsgd.workloads.data import Dataset
+from fastsgd.workloads.dataset import Dataset
 
 
 def _spirals(count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,7 +48,8 @@ from fastsgd.records.rundir import (
 from fastsgd.strategies import CHOICES, Strategy, build_strategy, capabilities_of, hook
 from fastsgd.transport.sim import ComputeModel, Faults, Network
 from fastsgd.transport.torch_dist import TorchTransport
-from fastsgd.workloads.data import Dataset, load_dataset
+from fastsgd.workloads.data import load_dataset
+from fastsgd.workloads.dataset import Dataset
 from fastsgd.workloads.models import build_model
 from fastsgd.workloads.torch_data import from_torch, is_torch_dataset
 

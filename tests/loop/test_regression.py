@@ -9,7 +9,7 @@ import torch
 import fastsgd
 from fastsgd.errors import UserError
 from fastsgd.report import text_report
-from fastsgd.workloads.data import Dataset
+from fastsgd.workloads.dataset import Dataset
 
 
 def _linear_data(n=400, outputs=1, seed=0):

@@ -15,7 +15,7 @@ from fastsgd.errors import UserError
 from fastsgd.pack import versions
 from fastsgd.pack.archive import read_archive
 from fastsgd.pack.packed import PackedFactory
-from fastsgd.workloads.data import Dataset
+from fastsgd.workloads.dataset import Dataset
 from fastsgd.workloads.models import build_model
 
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from fastsgd.errors import UserError
 from fastsgd.frameworks.base import register, user_code_failed
-from fastsgd.workloads.data import Dataset
+from fastsgd.workloads.dataset import Dataset
 
 Params = Any  # a pytree of arrays
 

@@ -20,7 +20,8 @@ from fastsgd.loop.kit.schedule import check as check_schedule
 from fastsgd.strategies import Strategy, capabilities_of, hook
 from fastsgd.strategies.base import check_codec
 from fastsgd.transport.sim.compute import heterogeneity
-from fastsgd.workloads.data import Dataset, Shard
+from fastsgd.workloads.data import Shard
+from fastsgd.workloads.dataset import Dataset
 
 
 def check_job(config: dict, dataset: Dataset, strategy: Strategy, codec: Compressor,

@@ -30,7 +30,8 @@ from fastsgd.frameworks.base import model_loss_step
 from fastsgd.loop.kit.optimizers import record_optimizer
 from fastsgd.loop.plan import cross_entropy_step, evaluate_classifier
 from fastsgd.strategies import STRATEGIES, check_strategy
-from fastsgd.workloads.data import SEEDED_DATASETS, Dataset
+from fastsgd.workloads.data import SEEDED_DATASETS
+from fastsgd.workloads.dataset import Dataset
 
 BUILTIN_FUNCTIONS = {"step": {"cross_entropy": cross_entropy_step, "model_loss": model_loss_step},
                      "evaluate": {"accuracy": evaluate_classifier}}

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from fastsgd.errors import UserError
 from fastsgd.loop.plan import Batch, cross_entropy_step, evaluate_classifier, kept_modes
 from fastsgd.loop.regression import evaluate_mse, mse_step
-from fastsgd.workloads.data import Dataset, test_batches
+from fastsgd.workloads.data import test_batches
+from fastsgd.workloads.dataset import Dataset
 from fastsgd.workloads.gpt import GPT, parameter_count
 from fastsgd.workloads.kinds import REGRESSION
 

@@ -22,7 +22,8 @@ from fastsgd.config.objects import described, import_path
 from fastsgd.errors import UserError
 from fastsgd.loop.observe import Observer
 from fastsgd.strategies import Strategy
-from fastsgd.workloads.data import Dataset, Shard, test_batches
+from fastsgd.workloads.data import Shard, test_batches
+from fastsgd.workloads.dataset import Dataset
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 DEFAULT_EPOCHS = 8.0  # run.epochs = 0, for a dataset without default_steps

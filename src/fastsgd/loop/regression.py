@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from fastsgd.errors import UserError
 from fastsgd.loop.plan import Batch, as_input, kept_modes
-from fastsgd.workloads.data import Dataset, test_batches
+from fastsgd.workloads.data import test_batches
+from fastsgd.workloads.dataset import Dataset
 
 
 def mse_step(model: torch.nn.Module, batch: Batch) -> torch.Tensor:

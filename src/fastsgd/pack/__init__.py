@@ -25,7 +25,7 @@ from fastsgd.pack.export import StepFn, export_programs
 from fastsgd.pack.packed import PackedFactory, PackedModel, signature
 from fastsgd.pack.validate import check_program
 from fastsgd.strategies import CHOICES
-from fastsgd.workloads.data import Dataset
+from fastsgd.workloads.dataset import Dataset
 from fastsgd.workloads.kinds import TEXT, TOKENS
 
 __all__ = ["Archive", "PackedFactory", "PackedModel", "archive_config", "check_config", "pack",

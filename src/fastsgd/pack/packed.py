@@ -13,7 +13,7 @@ from fastsgd.errors import UserError
 from fastsgd.frameworks.base import register
 from fastsgd.pack.archive import Archive, read_archive
 from fastsgd.pack.export import quiet
-from fastsgd.workloads.data import Dataset
+from fastsgd.workloads.dataset import Dataset
 
 _LOADED: dict[tuple, tuple[Archive, Programs]] = {}  # per process: every replica shares them
 

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import IterableDataset
 
 from fastsgd.errors import UserError
-from fastsgd.workloads.data import Dataset
+from fastsgd.workloads.dataset import Dataset
 from fastsgd.workloads.kinds import REGRESSION
 from fastsgd.workloads.text import DEFAULT_STEPS
 
