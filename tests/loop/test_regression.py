@@ -46,6 +46,9 @@ def test_a_regression_is_fitted_and_scored_by_its_squared_error(tmp_path):
     assert "mean squared error" in text_report(result.run_dir)
     plots = {p.name for p in (result.run_dir / "report").glob("*.png")}
     assert "loss_time.png" in plots and "accuracy_time.png" not in plots
+    header = next(line for line in open(result.run_dir / "report" / "report.md")
+                  if line.startswith("| run |"))
+    assert "| loss |" in header and "accuracy" not in header and "perplexity" not in header
 
 
 @pytest.mark.multiproc

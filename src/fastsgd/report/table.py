@@ -17,7 +17,7 @@ from fastsgd.loop.profiling import KEYS as PROFILED
 from fastsgd.records.metrics import PHASES
 from fastsgd.report.runs import RunData, describe, reached
 from fastsgd.report.text import human_bytes, phase_breakdown
-from fastsgd.workloads.kinds import LOSS_KINDS
+from fastsgd.workloads.kinds import LOSS_KINDS, REGRESSION
 
 COLUMNS = ("run", "strategy", "codec", "workers", "steps", "clock", "final_accuracy",
            "final_loss", "final_perplexity", "bits_per_byte", "target_metric", "target_value",
@@ -244,11 +244,14 @@ def markdown_columns(table: list[dict[str, Any]]) -> tuple:
     columns = list(MARKDOWN)
     columns[4] = _time_column(table, "target", "time to target", "time_to_target_s")
     if _loss_shown(table):
-        extra = [("loss", lambda r: _maybe(r["final_loss"], "{:.4f}")),
-                 ("perplexity", lambda r: _maybe(r["final_perplexity"], "{:.4g}"))]
+        extra = [("loss", lambda r: _maybe(r["final_loss"], "{:.4f}"))]
+        if any(r.get("final_perplexity") is not None for r in table):
+            extra.append(("perplexity", lambda r: _maybe(r["final_perplexity"], "{:.4g}")))
         if any(r.get("bits_per_byte") is not None for r in table):
             extra.append(("bits/byte", lambda r: _maybe(r["bits_per_byte"], "{:.3f}")))
         columns[4:4] = extra
+    if table and all(r.get("data_kind") == REGRESSION for r in table):  # no accuracy
+        columns = [c for c in columns if c[0] != "accuracy"]
     return tuple(columns)
 
 
