@@ -1,5 +1,6 @@
 """Asynchronous messages (post / poll / wait_message) on both transports."""
 
+import struct
 import time
 
 import pytest
@@ -302,3 +303,36 @@ def test_a_stranger_on_the_message_port_is_closed_and_the_peer_still_connects():
     assert list(got) == [0]
     peer.close()
     got[0].close()
+
+
+def test_a_joiner_leaves_out_a_peer_that_dies_as_it_says_hello(monkeypatch):
+    # CI: a joining worker's donor was killed between the joiner's connect and its hello;
+    # the reset reached the hello and ended the joiner, where a gone peer is left out
+    import socket
+
+    from fastsgd.transport import connections
+
+    with socket.create_server(("127.0.0.1", 0)) as dying, \
+            socket.create_server(("127.0.0.1", 0)) as alive:
+        real_connect = socket.create_connection
+
+        def connect_then_reset(address, timeout=None):
+            sock = real_connect(address, timeout=timeout)
+            if address[1] == dying.getsockname()[1]:  # the peer dies, resetting the link
+                accepted, _ = dying.accept()
+                accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                    struct.pack("ii", 1, 0))
+                accepted.close()
+                time.sleep(0.1)  # the reset arrives (loopback)
+            return sock
+
+        monkeypatch.setattr(connections.socket, "create_connection", connect_then_reset)
+        store = _Store({"0": f"127.0.0.1:{dying.getsockname()[1]}",
+                        "1": f"127.0.0.1:{alive.getsockname()[1]}"})
+        socks, listener = connections.rejoin(2, 3, store, "k", "127.0.0.1", timeout=5,
+                                             since=7)
+        assert list(socks) == [1]
+        peer, _ = alive.accept()
+        assert connections.hello(peer) == (2, 7)
+        for sock in [*socks.values(), listener, peer]:
+            sock.close()
