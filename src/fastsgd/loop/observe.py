@@ -90,7 +90,8 @@ class EvalLog:
                loss: float, consensus: float, wall: float) -> None:
         self.last, self.model = (step, accuracy, loss, consensus), (step, model)
         self.writer.write({"step": step, "time": round(when, 9),  # a regression's: null
-                           "accuracy": None if math.isnan(accuracy) else accuracy,
+                           "accuracy": None if accuracy is None or accuracy != accuracy
+                           else accuracy,
                            "loss": loss, **loss_metrics(loss, self.kind),
                            "consensus_distance": consensus})
         if self.target.reached(accuracy, loss) and self.time_to_target is None:
