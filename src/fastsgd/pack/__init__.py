@@ -26,7 +26,7 @@ from fastsgd.pack.packed import PackedFactory, PackedModel, signature
 from fastsgd.pack.validate import check_program
 from fastsgd.strategies import CHOICES
 from fastsgd.workloads.dataset import Dataset
-from fastsgd.workloads.kinds import TEXT, TOKENS
+from fastsgd.workloads.kinds import LANGUAGE
 
 __all__ = ["Archive", "PackedFactory", "PackedModel", "archive_config", "check_config", "pack",
            "read_archive", "versions"]
@@ -55,7 +55,7 @@ def pack(config: dict[str, Any], make_model: Callable[[], torch.nn.Module], step
     rng = torch.get_rng_state()
     n = min(config["data"]["batch_size"], len(dataset.train_y))
     x, y = dataset.train_x[:n], dataset.train_y[:n]
-    inputs = x[:, :-1].long() if dataset.kind in (TEXT, TOKENS) else x  # what the model gets
+    inputs = x[:, :-1].long() if dataset.kind in LANGUAGE else x  # what the model gets
     loss, forward = export_programs(model, step, x, y, inputs)
     for key, program in (("model.step", loss), ("model.name", forward)):
         why = check_program(program)  # what the loader would refuse, refused here

@@ -8,7 +8,7 @@ from statistics import fmean
 
 from fastsgd.records.metrics import PHASES, read_jsonl
 from fastsgd.report.runs import describe, target_of
-from fastsgd.workloads.kinds import LOSS_KINDS
+from fastsgd.workloads.kinds import LOSS_KINDS, REGRESSION
 
 
 def phase_breakdown(metrics: list[dict]) -> dict[str, float]:
@@ -57,7 +57,7 @@ def _quality(s: dict) -> str:
     """The final evaluation: a classifier's test accuracy, or a language model's
     validation loss first (its accuracy is the share of next tokens guessed right)."""
     accuracy = _shown(s["final_accuracy"], "{:.2%}")
-    if s.get("data_kind") == "regression":
+    if s.get("data_kind") == REGRESSION:
         return f"validation     loss {_shown(s['final_loss'], '{:.4g}')} (mean squared error)"
     if _language(s):
         return f"validation     {_loss(s)}; next-token accuracy {accuracy}"

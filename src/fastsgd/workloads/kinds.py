@@ -5,4 +5,5 @@ IMAGES = "images"  # x: (N, C, H, W) floats, y: class labels
 TEXT = "text"  # windows of bytes (vocabulary 256): the loss reads as bits per byte too
 TOKENS = "tokens"  # windows of token ids
 REGRESSION = "regression"  # y: floating-point targets, (N,) or (N, outputs)
-LOSS_KINDS = (TEXT, TOKENS, REGRESSION)  # scored by their loss, not an accuracy
+LANGUAGE = (TEXT, TOKENS)  # windows of tokens: the model is given all but the last
+LOSS_KINDS = (*LANGUAGE, REGRESSION)  # scored by their loss, not an accuracy
