@@ -52,3 +52,34 @@ def test_every_survivor_breaks_out_at_once_and_the_group_shrinks(tmp_path):
         assert got["waited"] < 10.0  # seconds, where gloo alone waits TIMEOUT
         assert got["sum"] == 5.0  # the survivors' group
     assert not (tmp_path / "3.pt").exists()
+
+
+class _Mailbox:
+    on_lost = None
+
+    def lose(self, rank):
+        self.on_lost(rank)
+
+
+def test_word_of_a_death_that_comes_after_the_survivors_formed_their_group_cuts_nothing():
+    """The reader thread may tell of a death once the survivors' group is formed without the
+    dead: that group stays connected; a death in it cuts it."""
+    import socket
+
+    from fastsgd.transport.shrink import Shrinking
+
+    mine, theirs = socket.socketpair()
+    mailbox = _Mailbox()
+    shrinking = Shrinking(1, 3, {}, mailbox, store=None, timeout=TIMEOUT)
+    shrinking.members, shrinking.sockets = [1, 2], {mine.fileno(): _name(mine)}
+    mailbox.lose(0)  # the dead, already out of the group
+    mine.sendall(b"x")
+    assert theirs.recv(1) == b"x"
+    mailbox.lose(2)  # a member
+    assert shrinking.sockets == {} and theirs.recv(1) == b""  # shut down: the peer sees EOF
+    mine.close()
+    theirs.close()
+
+
+def _name(sock):
+    return os.readlink(f"/proc/self/fd/{sock.fileno()}")

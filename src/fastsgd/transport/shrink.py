@@ -101,7 +101,18 @@ class Shrinking:
         self.timeout = timeout  # run.timeout: the new group's collectives
         self.shrinks = 0
         self._lock = threading.Lock()
-        mailbox.on_lost = lambda _rank: self.cut()  # the reader thread: a peer died
+        mailbox.on_lost = self._member_lost  # the reader thread: a peer died
+
+    def _member_lost(self, rank: int) -> None:
+        """Cut the group if `rank` is in it. The reader thread may tell of a death late,
+        after the training thread saw it (mailbox.lost), broke out and formed the survivors'
+        group; cutting that group would fail the survivors' next collective with no death
+        to explain it (CI: a survivor waited for the other to form a group, which never
+        came)."""
+        with self._lock:
+            if rank in self.members:
+                cut(self.sockets)
+                self.sockets = {}
 
     def cut(self) -> None:
         with self._lock:
