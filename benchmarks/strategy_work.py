@@ -106,10 +106,12 @@ def real(strategy: Timed, args: argparse.Namespace) -> tuple[float, float]:
 
 def charged(strategy: Timed, args: argparse.Namespace) -> tuple[float, float]:
     """compute.strategy, as the profile of `fastsgd simulate` measured it, and its forward +
-    backward (a run of one round: the profile is the same for any length)."""
+    backward (a run of two rounds, the shortest the strategy does not warn of: the profile
+    is the same for any length)."""
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as times:
         os.environ[ROUNDS] = times
-        result = fs.Job(strategy=strategy, options={**options(args, out), "run.steps": args.period},
+        steps = 2 * args.period
+        result = fs.Job(strategy=strategy, options={**options(args, out), "run.steps": steps},
                         quiet=True, report=False).simulate(workers=args.workers)
         compute = cfg.load(CHOICES, result.run_dir / "config.toml")["compute"]
     return (parse_seconds(compute["strategy"], "compute.strategy"),
