@@ -5,6 +5,7 @@ group of their own."""
 
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from fastsgd.control import interrupt
 from fastsgd.launch.local import launch
 from fastsgd.transport.base import GroupBroken
+from fastsgd.transport.shrink import Shrinking
 from fastsgd.transport.torch_dist import TorchTransport
 
 TIMEOUT = 120.0  # run.timeout: what a survivor would wait without the cut
@@ -64,10 +66,6 @@ class _Mailbox:
 def test_word_of_a_death_that_comes_after_the_survivors_formed_their_group_cuts_nothing():
     """The reader thread may tell of a death once the survivors' group is formed without the
     dead: that group stays connected; a death in it cuts it."""
-    import socket
-
-    from fastsgd.transport.shrink import Shrinking
-
     mine, theirs = socket.socketpair()
     mailbox = _Mailbox()
     shrinking = Shrinking(1, 3, {}, mailbox, store=None, timeout=TIMEOUT)
