@@ -14,9 +14,9 @@ from fastsgd import pack
 from fastsgd.compress import Compressor, build_compressor
 from fastsgd.config import schema as cfg
 from fastsgd.config.objects import described, is_import_path, resolve
-from fastsgd.config.schema import paths_from
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks import brings_its_step, model_loss_step
+from fastsgd.job.config import assembled, resume_config
 from fastsgd.launch.local import launch
 from fastsgd.launch.preflight import check_job, check_run
 from fastsgd.launch.processes import door_of, expendable, rejoin_steps, train_process
@@ -28,7 +28,6 @@ from fastsgd.loop.components import (
     function_from_config,
     model_argument,
     model_factory,
-    record,
 )
 from fastsgd.loop.kit.optimizers import OptimizerFn, optimizer_from_config
 from fastsgd.loop.language import for_data, gpt_factory
@@ -54,7 +53,6 @@ from fastsgd.workloads.models import build_model
 from fastsgd.workloads.torch_data import from_torch, is_torch_dataset
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
-ARCHIVE_SUFFIX = ".fsj"  # a job archive (fastsgd pack) in place of a config file
 
 
 class Job:
@@ -83,19 +81,8 @@ class Job:
         # restart, as under torchrun --max-restarts)
         self._fresh_if_none = resume is not None and config is not None
         if resume is not None:
-            config, options = _resume_config(Path(resume), config), {
+            config, options = resume_config(Path(resume), config), {
                 **(options or {}), "run.out": str(resume)}
-        if isinstance(config, (str, Path)) and str(config).endswith(ARCHIVE_SUFFIX):
-            config, options = pack.archive_config(config, options or {})
-        source = str(config) if isinstance(config, (str, Path)) else ""
-        raw = cfg.read_toml(Path(config)) if isinstance(config, (str, Path)) else (config or {})
-        # relative paths: a config file's from its folder, the others' from here; recorded
-        # absolute, so that config.toml (and a resume) reads the same files from anywhere
-        paths_from(raw, Path(source).resolve().parent if source else Path.cwd())
-        chosen = {f"{s}.name": a for s, a in (("strategy", strategy), ("compression", compressor))
-                  if isinstance(a, str)}  # a name given here picks a strategy as options do
-        options = cfg.absolute_options({**(options or {}), **chosen})
-        raw = cfg.with_options(raw, options, CHOICES, source)
         if is_torch_dataset(data):
             data = from_torch(data)
         elif not isinstance(data, str | Dataset | None):  # never the default in its place
@@ -103,23 +90,14 @@ class Job:
                             f"torch dataset (map-style or iterable); got {described(data)}")
         given = {"model": model, "step": step, "evaluate": evaluate, "optimizer": optimizer,
                  "data": data, "strategy": strategy, "compressor": compressor}
-        run = raw.get("run")
-        seed = run.get("seed", 0) if isinstance(run, dict) else 0
-        for section, values in record(**given, seed=seed).items():
-            arg = given.get("compressor" if section == "compression" else section)
-            if section in ("optimizer", "strategy", "compression") and not isinstance(arg, str):
-                raw[section] = values  # an object replaces the section: it is all there is
-            else:
-                raw.setdefault(section, {}).update(values)
-        _packed_defaults(raw)
-        self.config = cfg.validate(raw, CHOICES)
+        self.config, options = assembled(config, options or {}, given)
         if resume is not None:
             check_unchanged(Path(resume), self.config)
         self._resolve(given)
         self.quiet, self.overwrite, self.resume = quiet, overwrite, resume is not None
         # as `fastsgd run` ends: RUN_DIR/report/ and the summary printed (unless quiet)
         self._report = not quiet if report is None else report
-        self._out_given = "run.out" in (options or {})
+        self._out_given = "run.out" in options
 
     def _resolve(self, given: dict[str, Any]) -> None:
         """The pieces the config names, where no object was given (fails early, one line)."""
@@ -316,21 +294,3 @@ class Job:
             return self._compressor
         return build_compressor(config["compression"])
 
-
-def _resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Path | dict:
-    """`Job(resume=RUN_DIR)` reads RUN_DIR/config.toml unless given another config."""
-    if config is not None:
-        return config
-    path = run_dir / "config.toml"
-    if not path.is_file():
-        raise UserError(f"cannot resume {run_dir}: no config.toml there (not a run directory)")
-    return path
-
-
-def _packed_defaults(raw: dict) -> None:
-    """model.packed alone: model.name and model.step are 'packed', the archive's (a model
-    or step given besides, by name or as an object, is still refused: Job._packed)."""
-    section = raw.get("model")
-    if isinstance(section, dict) and section.get("packed"):
-        section.setdefault("name", PACKED)
-        section.setdefault("step", PACKED)
