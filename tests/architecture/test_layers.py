@@ -17,7 +17,7 @@ grimp = pytest.importorskip("grimp", reason="grimp comes with import-linter (.[t
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "fastsgd"
-PUBLIC_FACE = {"__init__.py", "__main__.py", "cli", "job.py", "errors.py"}
+PUBLIC_FACE = {"__init__.py", "__main__.py", "cli", "job", "errors.py"}
 # What is still to be untangled; each entry goes as its move lands, and none may be added.
 KNOWN_CYCLES: list[set[str]] = []
 KNOWN_PRIVATE: set[str] = set()

@@ -2,7 +2,7 @@
 one-line messages for a failure or a Ctrl-C, with the command that resumes the run.
 
 A worker process that vanishes (kill -9, a lost machine) is a fault: unless the others go on
-without it (job.py `_survives`) or `run.on_failure = "stop"`, every worker starts again, up
+without it (processes.py `survives`) or `run.on_failure = "stop"`, every worker starts again, up
 to `run.max_restarts` times, from the newest checkpoint (or from the start, the run
 directory's logs cut back to it), and the summary lists what happened. A worker that raises,
 or that crashes from within (SIGABRT, SIGSEGV...: control/crashes.py; a strategy whose

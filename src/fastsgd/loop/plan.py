@@ -1,4 +1,4 @@
-"""What every worker of a job shares (`Plan`, built by job.py) and the default iteration and
+"""What every worker of a job shares (`Plan`, built by fastsgd.job) and the default iteration and
 evaluation: a classifier trained with cross-entropy.
 
 Watching a run must not change it (docs/simulator.md, "Observation is free"): the user's

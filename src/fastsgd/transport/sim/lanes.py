@@ -17,7 +17,7 @@ what a worker's backward hooks ask of the transport (allreduce's buckets, launch
 backward) is recorded, with or without lanes, and started on the scheduler's thread in the
 order they asked, as the worker is charged its backward (SimTransport.compute). Three
 things would make the order of computing matter, so a run with any of them gets no lanes
-(`job.py`): a step that draws from torch's global random generator (dropout: the draws
+(launch/simulate.py): a step that draws from torch's global random generator (dropout: the draws
 would interleave), workers that share their parameters (hogwild: one's update would race
 another's forward), and measured compute (the wall time is the charge).
 
