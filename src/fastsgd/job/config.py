@@ -27,9 +27,9 @@ def assembled(config: str | Path | dict | None, options: dict[str, Any],
     # relative paths: a config file's from its folder, the others' from here; recorded
     # absolute, so that config.toml (and a resume) reads the same files from anywhere
     paths_from(raw, Path(source).resolve().parent if source else Path.cwd())
-    chosen = {f"{s}.name": given[a] for s, a in (("strategy", "strategy"),
-                                                 ("compression", "compressor"))
-              if isinstance(given[a], str)}  # a name given here picks a strategy as options do
+    chosen = {f"{section}.name": given[arg]
+              for section, arg in (("strategy", "strategy"), ("compression", "compressor"))
+              if isinstance(given[arg], str)}  # a name given here picks as options do
     options = cfg.absolute_options({**options, **chosen})
     raw = cfg.with_options(raw, options, CHOICES, source)
     run = raw.get("run")
@@ -42,6 +42,7 @@ def assembled(config: str | Path | dict | None, options: dict[str, Any],
             raw.setdefault(section, {}).update(values)
     _packed_defaults(raw)
     return cfg.validate(raw, CHOICES), options
+
 
 def resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Path | dict:
     """`Job(resume=RUN_DIR)` reads RUN_DIR/config.toml unless given another config."""
