@@ -209,10 +209,16 @@ def _printed(proc):
     return json.loads(stdout.splitlines()[-1])
 
 
-# Measured here (2-core EPYC, 2026-11-28), JAX minus PyTorch in points: simulated allreduce
-# +0.28, dpsgd +0.49, sgp +0.20; real processes the same for allreduce and dpsgd (they are
-# deterministic: the test after this one), sgp -0.11 (real sgp varies from run to run:
-# 84.6-85.4% for JAX, 85.0-85.3% for PyTorch over 4 runs each).
+# Measured (2-core EPYC, 2026-11-28), JAX minus PyTorch in points: simulated allreduce
+# +0.28, dpsgd +0.49, sgp +0.20. Real sgp depends on timing (what each push mixes), so two
+# real runs are two draws: on a 2-core EPYC (2026-12-07), 14 runs of each, quiet and beside
+# two busy processes, PyTorch 85.1-86.1% and JAX 85.2-86.0%; a CI run once drew 84.8%
+# against 86.2%. So real runs are compared within 2 points, the simulated (deterministic)
+# within 1, and each must train: a JAX path that breaks the asynchronous updates ends far
+# below the floor.
+TOLERANCE = {"simulate": 0.01, "run": 0.02}
+
+
 @pytest.mark.parametrize("mode", ["simulate", pytest.param("run", marks=pytest.mark.multiproc)])
 def test_the_same_mlp_in_jax_and_pytorch_reaches_the_same_accuracy(mode, tmp_path):
     # real: one at a time, and sgp alone, whose real runs depend on timing (the
@@ -222,8 +228,8 @@ def test_the_same_mlp_in_jax_and_pytorch_reaches_the_same_accuracy(mode, tmp_pat
     strategies = ["allreduce", "sgp"] if mode == "simulate" else ["sgp"]
     found = _accuracies(mode, tmp_path, strategies, parallel=mode == "simulate")
     for strategy, accuracy in found["torch"].items():
-        assert accuracy > 0.83, found
-        assert abs(found["jax"][strategy] - accuracy) <= 0.01, found
+        assert min(accuracy, found["jax"][strategy]) > 0.83, found
+        assert abs(found["jax"][strategy] - accuracy) <= TOLERANCE[mode], found
 
 
 @pytest.mark.multiproc
