@@ -127,8 +127,12 @@ def _profile(plan: Plan, warmup: int, repeat: int) -> dict[str, str]:
 def _steps(plan: Plan, warmup: int, repeat: int) -> tuple[dict[str, list[float]],
                                                           torch.nn.Module]:
     """The seconds of each phase of `repeat` training steps after `warmup`, and the model.
-    The strategy's round runs after each step's update, on a copy of the model given the
-    step's parameters, as a worker's round comes (its caches as training left them)."""
+    The strategy's round runs after each step's update on the very tensors the step has
+    just written, as a worker's round does (its caches as training left them: a round on
+    a copy cost 8-19% more, benchmarks/round_cache.py), through a twin of the model that
+    shares them, so that the strategy's hooks (overlap's) stay off the model's backward.
+    After the round the parameters go back to where the profile began: what a round does
+    to them alone (an outer step) never reaches the next step's times or its checks."""
     torch.manual_seed(plan.config["run"]["seed"])
     model = plan.make_model()
     optimizer = plan.make_optimizer(model.parameters())
@@ -137,8 +141,9 @@ def _steps(plan: Plan, warmup: int, repeat: int) -> tuple[dict[str, list[float]]
                                        "strategy": []}
     step = StepChecks(plan.step, list(model.parameters()), "profiling (compute.model = "
                       "'profile'): ")  # the workers' checks, before the run
-    twin = copy.deepcopy(model)  # the strategy's: its hooks (overlap's) stay off the model
+    twin = _sharing(model)
     round_ = _strategy_round(plan, twin)
+    start = [t.detach().clone() for t in _tensors(model)]
     for k in range(warmup + repeat):
         x, y = shard.batch(k)
         optimizer.zero_grad()
@@ -152,23 +157,37 @@ def _steps(plan: Plan, warmup: int, repeat: int) -> tuple[dict[str, list[float]]
         t3 = time.perf_counter()
         seconds = [t1 - t0, t2 - t1, t3 - t2]
         if round_ is not None:
-            _copy_into(twin, model)
+            for mine, theirs in zip(twin.parameters(), model.parameters()):
+                mine.grad = theirs.grad
             t4 = time.perf_counter()
             round_()
             seconds.append(time.perf_counter() - t4)
+            _restore(model, start)
         if k >= warmup:
             for phase, took in zip(samples, seconds):
                 samples[phase].append(took)
     return samples, model
 
 
-def _copy_into(twin: torch.nn.Module, model: torch.nn.Module) -> None:
-    """`model`'s parameters and gradients, into `twin`'s tensors."""
+def _sharing(model: torch.nn.Module) -> torch.nn.Module:
+    """A twin of `model` whose parameters and floating-point buffers are other objects
+    over the same tensors: what the strategy does to them is done to the model's, while
+    the hooks it registers on them never fire in the model's backward."""
+    twin = copy.deepcopy(model)
+    for mine, theirs in zip(_tensors(twin), _tensors(model)):
+        mine.data = theirs.data
+    return twin
+
+
+def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """What a Replica hands its strategy: parameters, then floating-point buffers."""
+    return [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
+
+
+def _restore(model: torch.nn.Module, values: list[torch.Tensor]) -> None:
     with torch.no_grad():
-        for mine, theirs in zip(twin.parameters(), model.parameters()):
-            mine.copy_(theirs)
-            if theirs.grad is not None:
-                mine.grad = theirs.grad.clone()
+        for tensor, value in zip(_tensors(model), values):
+            tensor.copy_(value)
 
 
 def _strategy_round(plan: Plan, model: torch.nn.Module) -> Callable[[], None] | None:
