@@ -128,9 +128,10 @@ def _steps(plan: Plan, warmup: int, repeat: int) -> tuple[dict[str, list[float]]
                                                           torch.nn.Module]:
     """The seconds of each phase of `repeat` training steps after `warmup`, and the model.
     The strategy's round runs after each step's update on the very tensors the step has
-    just written, as a worker's round does (its caches as training left them: a round on
-    a copy cost 8-19% more, benchmarks/round_cache.py), through a twin of the model that
-    shares them, so that the strategy's hooks (overlap's) stay off the model's backward.
+    just written, as a worker's round does (its caches as training left them: on a 2-core
+    Xeon a round on a copy of them cost 8-19% more, benchmarks/round_cache.py), through a
+    twin of the model that shares them, so that the strategy's hooks (overlap's) stay off
+    the model's backward.
     After the round the parameters go back to where the profile began: what a round does
     to them alone (an outer step) never reaches the next step's times or its checks."""
     torch.manual_seed(plan.config["run"]["seed"])
@@ -157,16 +158,26 @@ def _steps(plan: Plan, warmup: int, repeat: int) -> tuple[dict[str, list[float]]
         t3 = time.perf_counter()
         seconds = [t1 - t0, t2 - t1, t3 - t2]
         if round_ is not None:
-            for mine, theirs in zip(twin.parameters(), model.parameters()):
-                mine.grad = theirs.grad
-            t4 = time.perf_counter()
-            round_()
-            seconds.append(time.perf_counter() - t4)
-            _restore(model, start)
+            seconds.append(_timed_round(round_, twin, model, start))
         if k >= warmup:
             for phase, took in zip(samples, seconds):
                 samples[phase].append(took)
     return samples, model
+
+
+def _timed_round(round_: Callable[[], None], twin: torch.nn.Module, model: torch.nn.Module,
+                 start: list[torch.Tensor]) -> float:
+    """The seconds of one round on `model`'s tensors (and gradients) through `twin`; then
+    the model's parameters go back to `start`."""
+    for mine, theirs in zip(twin.parameters(), model.parameters()):
+        mine.grad = theirs.grad
+    t0 = time.perf_counter()
+    round_()
+    took = time.perf_counter() - t0
+    with torch.no_grad():
+        for tensor, value in zip(_tensors(model), start):
+            tensor.copy_(value)
+    return took
 
 
 def _sharing(model: torch.nn.Module) -> torch.nn.Module:
@@ -182,12 +193,6 @@ def _sharing(model: torch.nn.Module) -> torch.nn.Module:
 def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     """What a Replica hands its strategy: parameters, then floating-point buffers."""
     return [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
-
-
-def _restore(model: torch.nn.Module, values: list[torch.Tensor]) -> None:
-    with torch.no_grad():
-        for tensor, value in zip(_tensors(model), values):
-            tensor.copy_(value)
 
 
 def _strategy_round(plan: Plan, model: torch.nn.Module) -> Callable[[], None] | None:
