@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from fastsgd.loop.replica import replica_tensors
 from fastsgd.records.metrics import JsonLines, loss_metrics, read_jsonl
 
 Evaluate = Callable[[torch.nn.Module], tuple[float, float]]  # -> (accuracy, loss)
@@ -115,13 +116,8 @@ class EvalLog:
                 self.time_to_target = row["time"]
 
 
-def _state(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The tensors that make up a replica: parameters and floating-point buffers."""
-    return [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
-
-
 def _flat(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([t.detach().reshape(-1).double() for t in _state(model)])
+    return torch.cat([t.detach().reshape(-1).double() for t in replica_tensors(model)])
 
 
 class _Snapshot:
@@ -168,7 +164,7 @@ class _Snapshot:
         if self.policy == "average" and self.count > 1:
             average, offset = self.first + self.sum / self.count, 0
             with torch.no_grad():
-                for t in _state(model):
+                for t in replica_tensors(model):
                     t.copy_(average[offset:offset + t.numel()].view_as(t))
                     offset += t.numel()
         return model

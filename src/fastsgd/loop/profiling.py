@@ -30,7 +30,7 @@ from fastsgd.config.units import format_ns
 from fastsgd.errors import UserError
 from fastsgd.loop.checked_step import StepChecks
 from fastsgd.loop.plan import Plan
-from fastsgd.loop.replica import Replica
+from fastsgd.loop.replica import Replica, replica_tensors
 from fastsgd.strategies.params import flatten
 from fastsgd.transport.base import Done
 from fastsgd.transport.sim.compute import TIMES
@@ -144,7 +144,7 @@ def _steps(plan: Plan, warmup: int, repeat: int) -> tuple[dict[str, list[float]]
                       "'profile'): ")  # the workers' checks, before the run
     twin = _sharing(model)
     round_ = _strategy_round(plan, twin)
-    start = [t.detach().clone() for t in _tensors(model)]
+    start = [t.detach().clone() for t in replica_tensors(model)]
     for k in range(warmup + repeat):
         x, y = shard.batch(k)
         optimizer.zero_grad()
@@ -175,7 +175,7 @@ def _timed_round(round_: Callable[[], None], twin: torch.nn.Module, model: torch
     round_()
     took = time.perf_counter() - t0
     with torch.no_grad():
-        for tensor, value in zip(_tensors(model), start):
+        for tensor, value in zip(replica_tensors(model), start):
             tensor.copy_(value)
     return took
 
@@ -185,14 +185,9 @@ def _sharing(model: torch.nn.Module) -> torch.nn.Module:
     over the same tensors: what the strategy does to them is done to the model's, while
     the hooks it registers on them never fire in the model's backward."""
     twin = copy.deepcopy(model)
-    for mine, theirs in zip(_tensors(twin), _tensors(model)):
+    for mine, theirs in zip(replica_tensors(twin), replica_tensors(model)):
         mine.data = theirs.data
     return twin
-
-
-def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """What a Replica hands its strategy: parameters, then floating-point buffers."""
-    return [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
 
 
 def _strategy_round(plan: Plan, model: torch.nn.Module) -> Callable[[], None] | None:

@@ -57,8 +57,7 @@ class Replica:
         # floating-point buffers (BatchNorm's running statistics) go to the strategy with the
         # parameters: strategies that move parameters move them alike (averaging, gossip, the
         # parameter server); allreduce averages them; ssp leaves them to each worker
-        self.params = [*model.parameters(),
-                       *(b for b in model.buffers() if b.is_floating_point())]
+        self.params = replica_tensors(model)
         self.strategy = strategy
         codec = compressor or Identity()
         if codec.name != "none":  # its time charged as much as it encodes (the simulator)
@@ -177,6 +176,12 @@ class Replica:
 
     def close(self) -> None:
         self.strategy.close()
+
+
+def replica_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The tensors that make up a replica, as its strategy gets them: parameters, then
+    floating-point buffers."""
+    return [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
 
 
 def check_same_model(model: torch.nn.Module, transport: Transport) -> None:
