@@ -6,7 +6,7 @@ import torch
 
 import fastsgd as fs
 from fastsgd.errors import ConfigError, UserError
-from tests.loop.test_worker import InfiniteSlopeOnMarkedBatches, marked_digits
+from tests.loop.test_worker import InfiniteSlopeOnMarkedBatches, _with_nan_samples, marked_digits
 
 OPTIONS = {"data.name": "digits", "model.name": "mlp", "run.steps": 40, "run.eval_every": 20}
 
@@ -41,6 +41,22 @@ def test_a_gradient_not_finite_under_a_finite_loss_leaves_every_replica_finite(t
                              "run.eval_every": 0}).run(workers=2)
     assert result.summary["skipped_steps"] > 0
     assert all(m["loss"] == m["loss"] for m in result.metrics())  # every loss finite
+    assert result.summary["consensus_distance"] == 0
+    params = torch.load(result.run_dir / "model.pt", weights_only=True)
+    assert all(torch.isfinite(p).all() for p in params.values())
+
+
+@pytest.mark.multiproc
+def test_a_loss_not_finite_on_one_worker_drops_the_step_on_every_worker(tmp_path):
+    """DDP's reducer waits in backward for every worker's gradients: the worker whose loss
+    is NaN (a corrupt sample) still runs its backward, with NaN gradients, so the mean is
+    NaN everywhere and every worker drops that step alike, rather than its peers waiting
+    for it until run.timeout."""
+    data = _with_nan_samples(97)
+    result = fs.Job(model="mlp", data=data, strategy="ddp", quiet=True,
+                    options={**OPTIONS, "run.out": str(tmp_path), "run.steps": 30,
+                             "run.eval_every": 0, "run.timeout": 60}).run(workers=2)
+    assert result.summary["skipped_steps"] > 0
     assert result.summary["consensus_distance"] == 0
     params = torch.load(result.run_dir / "model.pt", weights_only=True)
     assert all(torch.isfinite(p).all() for p in params.values())

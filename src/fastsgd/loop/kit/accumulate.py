@@ -1,6 +1,7 @@
 """A step's forward and backward over its run.accumulate micro-batches: each weighs its
 samples, the gradients leave the worker only after the last (DDP's no_sync), and a loss
-that is not finite ends the step there (worker.check_finite skips it)."""
+that is not finite ends the step there (worker.check_finite skips it; under DDP its
+backward still runs, with NaN gradients, so that every worker skips it)."""
 
 from __future__ import annotations
 
@@ -32,18 +33,26 @@ def forward_backward(ctx: LoopContext, x: torch.Tensor, y: torch.Tensor,
             if last:
                 charged()
             value = float(loss.detach())
-            if not math.isfinite(value):
+            if not math.isfinite(value) and not reduces_in_backward(ctx):
                 if not last:
                     charged()
                 return value, False
             # each micro-batch weighs its samples: the mean over the batch, as one backward
             share = len(batch[0]) / len(x)
             total += value * share
-            weight = ctx.state.weight * share
+            # (a loss not finite under DDP: NaN gradients, whatever its graph's slopes)
+            weight = ctx.state.weight * share if math.isfinite(value) else math.nan
             ctx.precision.backward(loss * weight if weight != 1 else loss)
     ctx.checked_step.backward_done()
     ctx.precision.unscale(ctx.optimizer)  # fp16: before the strategy sees the gradients
     return total, all_finite([p.grad.detach() for p in ctx.weights if p.grad is not None])
+
+
+def reduces_in_backward(ctx: LoopContext) -> bool:
+    """Whether the forward module's backward reduces among the workers (DDP's reducer): a
+    worker whose loss is not finite must then run its backward too, or its peers wait for
+    it. Its NaN gradients make the mean NaN on every worker, which all then skip alike."""
+    return ctx.replica.forward_module is not ctx.model
 
 
 def held(ctx: LoopContext, last: bool) -> AbstractContextManager[object]:
