@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any
 # can spin forever on an allocator lock the parent held at the fork (seen in
 # mkl_serv_allocate under load). The system allocator is; MKL reads this at its first call.
 os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
+# And torch.cuda.is_available() (the user's, before Job.run) asks NVML rather than the CUDA
+# driver, which would leave forked workers unable to use CUDA.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 if TYPE_CHECKING:
     from fastsgd.compress import Codec, Identity

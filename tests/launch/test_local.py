@@ -168,3 +168,21 @@ def test_a_ctrl_c_during_the_forks_is_raised_after_them():
     with pytest.raises(KeyboardInterrupt):
         forked([_InterruptingStart(), _InterruptingStart()])
     assert _InterruptingStart.started == 2
+
+
+@pytest.mark.multiproc
+def test_the_launcher_never_asks_cuda_before_it_forks(tmp_path, monkeypatch):
+    """torch.cuda.is_available() (through the CUDA driver) leaves forked workers unable to
+    use CUDA: the launcher asks NVML only (torch.cuda.device_count), fp16's check too."""
+    import torch
+
+    import fastsgd as fs
+
+    def poisoned() -> bool:
+        raise AssertionError("torch.cuda.is_available() in the launcher")
+
+    monkeypatch.setattr(torch.cuda, "is_available", poisoned)
+    result = fs.Job(model="mlp", data="digits", quiet=True,
+                    options={"run.steps": 3, "run.eval_every": 0, "run.precision": "bf16",
+                             "run.out": str(tmp_path)}).run(workers=2)
+    assert result.summary["steps"] == 3

@@ -237,7 +237,7 @@ class Job:
             check_not_finished(run_dir, total)
         leader = transport is None or transport.rank == 0
         check_run(config, {"strategy": strategy, "compression": codec}, total, simulated,
-                  leader)
+                  leader, transport.device if transport else None)
         if dataset.about and leader:
             (run_dir / "data.json").write_text(json.dumps(dataset.about, indent=1) + "\n")
         return plan

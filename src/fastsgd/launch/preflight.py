@@ -15,10 +15,12 @@ from fastsgd.config.options import reaching_past
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks import model_loss_step
 from fastsgd.frameworks.base import NO_DDP
+from fastsgd.launch.processes import backend_of
 from fastsgd.loop.kit.precision import check_precision
 from fastsgd.loop.kit.schedule import check as check_schedule
 from fastsgd.strategies import Strategy, capabilities_of, hook
 from fastsgd.strategies.base import check_codec
+from fastsgd.transport.rendezvous import pick_backend
 from fastsgd.transport.sim.compute import heterogeneity
 from fastsgd.workloads.data import Shard
 from fastsgd.workloads.dataset import Dataset
@@ -46,15 +48,26 @@ def check_job(config: dict, dataset: Dataset, strategy: Strategy, codec: Compres
 
 
 def check_run(config: dict, objects: dict[str, Any], total: int, simulated: bool,
-              leader: bool) -> None:
+              leader: bool, device: torch.device | None) -> None:
     """The run's length against the schedule and the options that count steps (one line
-    each on stderr, from the leader), and the precision on this device."""
+    each on stderr, from the leader), and the precision on the workers' device: `device`,
+    a torchrun worker's, else (None) that of the workers this process will fork."""
     check_schedule(config["optimizer"], total)
-    check_precision(config["run"]["precision"], simulated or not torch.cuda.is_available())
+    check_precision(config["run"]["precision"],
+                    _on_cpu(config, objects["strategy"], simulated, device))
     for section, obj in objects.items() if leader else ():
         for line in reaching_past(section, getattr(obj, "OPTIONS", {}),
                                   getattr(obj, "options", {}), total):
             print(f"fastsgd: {line}", file=sys.stderr, flush=True)
+
+
+def _on_cpu(config: dict, strategy: Strategy, simulated: bool,
+            device: torch.device | None) -> bool:
+    """Whether the workers run on the CPU, asked without starting CUDA: a process forked
+    after torch.cuda.is_available() cannot use CUDA (transport/rendezvous.py)."""
+    if simulated or device is not None:
+        return simulated or device.type != "cuda"
+    return pick_backend(backend_of(config, strategy), local=config["run"]["workers"]) != "nccl"
 
 
 def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:
