@@ -11,9 +11,12 @@ import threading
 import time
 
 import pytest
+import torch
 
+import fastsgd as fs
 from fastsgd.control.interrupt import Stop
 from fastsgd.control.slots import Slots
+from fastsgd.errors import UserError
 from tests.faults.helpers import assert_joined_from_a_live_state
 
 STEPS, KILLED_AT = 900, 40
@@ -137,3 +140,16 @@ def test_run_join_where_it_cannot_be(tmp_path, command, sets, expected):
                            *_sets(tmp_path / "run", **sets)],
                           capture_output=True, text=True, env=ENV, timeout=120)
     _one_line_error(done, expected)
+
+
+@pytest.mark.parametrize("key", ["join", "rejoin"])
+def test_joining_an_nccl_group_is_one_line(tmp_path, monkeypatch, key):
+    """An NCCL group cannot take a new member: refused before a worker starts (as if this
+    machine had a GPU per worker; none is started)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    job = fs.Job(model="mlp", data="digits", strategy="sgp", quiet=True,
+                 options={"run.steps": 3, f"run.{key}": True, "run.backend": "nccl",
+                          "run.out": str(tmp_path)})
+    with pytest.raises(UserError, match=rf"^run.{key} = true needs run.backend = 'gloo'"):
+        job.run(workers=2)

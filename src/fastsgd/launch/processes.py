@@ -46,15 +46,20 @@ def survives(plan: Plan) -> str | None:
     checkpoint, or stops. Strategies that carry on do not with checkpoints: a checkpoint of
     their survivors is not built yet."""
     run = plan.config["run"]
-    if (run["on_failure"] != "restart" and shrinks_for_real(plan.strategy, plan.compressor)
-            and pick_backend(backend_of(plan.config, plan.strategy),
-                             local=run["workers"]) == "gloo"):
+    if not _on_gloo(plan):  # an NCCL group neither goes on without a member nor takes one in
+        return None
+    if run["on_failure"] != "restart" and shrinks_for_real(plan.strategy, plan.compressor):
         return "shrink"  # then, with "stop", the survivors write a checkpoint and stop
     if run["checkpoint_every"] or run["on_failure"] == "stop":
         return None
     if carries_on_for_real(plan.strategy, plan.compressor):
         return "carry_on"
     return None
+
+
+def _on_gloo(plan: Plan) -> bool:
+    return pick_backend(backend_of(plan.config, plan.strategy),
+                        local=plan.config["run"]["workers"]) == "gloo"
 
 
 def expendable(plan: Plan) -> int | None:
@@ -81,6 +86,9 @@ def _joinable_steps(plan: Plan, key: str) -> int:
     """The run's steps, once sure that the strategy carries on without a lost worker and
     takes a new one in its place (capabilities.rejoins); else UserError naming run.`key`."""
     name = plan.config["strategy"]["name"]
+    if not _on_gloo(plan):
+        raise UserError(f"run.{key} = true needs run.backend = 'gloo': an NCCL group cannot "
+                        "take a new worker in")
     rejoins = capabilities_of(plan.strategy).rejoins
     if survives(plan) != "carry_on" or plan.compressor.kind not in rejoins:
         takers = [f"{n}{'' if len(kinds) > 1 else ' (exact codecs)'}" for n in STRATEGIES
