@@ -47,7 +47,7 @@ def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
     # in the simulator, all have handed in: totals waited; a leader that took over after
     # the last evaluation has its own replica (the run ended averaged, or on its own)
     model = ctx.log.model[1] or ctx.model
-    state = model.state_dict()
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loads anywhere
     write_atomically(ctx.plan.run_dir / "model.pt", lambda f: torch.save(state, f))
     written = summary(ctx, training_wall, end, totals.tolist())
     write_json(ctx.plan.run_dir / "summary.json", written)

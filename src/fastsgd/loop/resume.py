@@ -49,7 +49,8 @@ def save(ctx: LoopContext, step: int) -> None:
     state = {"step": step, "model": ctx.model.state_dict(),
              "optimizer": ctx.optimizer.state_dict(),
              "replica": ctx.replica.state_dict(), "loop": loop_state(ctx, began),
-             "rng": rng_state(), "written_by": written_by(ctx)}
+             "rng": rng_state(), "precision": ctx.precision.state_dict(),
+             "written_by": written_by(ctx)}
     if ctx.plan.simulated:
         state["sim"] = sim_state(ctx, step)
     digest = save_worker(ctx.plan.run_dir, step, ctx.rank, state)
@@ -170,6 +171,7 @@ def restore(ctx: LoopContext, step: int, data: bytes) -> int:
                         f"{ctx.plan.run_dir}")
     load_states(ctx, saved, rank_file(ctx.plan.run_dir, step, ctx.rank))
     set_rng_state(saved["rng"])
+    ctx.precision.load_state_dict(saved.get("precision", {}))  # checkpoints before fp16's had none
     was = saved["loop"]
     ctx.state.load_state_dict(was)
     if ctx.rank == 0:

@@ -286,7 +286,8 @@ def rng_state() -> dict[str, Any]:
 
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+            # this worker's GPU only: a resume may see fewer (CUDA_VISIBLE_DEVICES)
+            "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_initialized() else [],
             "python": random.getstate(),
             "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss]}
 
@@ -298,7 +299,7 @@ def set_rng_state(saved: dict[str, Any]) -> None:
 
     torch.set_rng_state(saved["torch"])
     if saved["cuda"]:
-        torch.cuda.set_rng_state_all(saved["cuda"])
+        torch.cuda.set_rng_state(saved["cuda"][0])
     random.setstate(saved["python"])
     name, keys, pos, has_gauss, gauss = saved["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))

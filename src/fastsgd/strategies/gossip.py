@@ -204,8 +204,8 @@ def auto_gamma(codec: Compressor, like: torch.Tensor) -> float:
       times its bytes sgp with randomk at 5% and 10% diverged, and dpsgd at 10% with the
       whole of its delta (docs/strategies.md).
     The random streams stay as they were."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with torch.random.fork_rng(devices=[like.device] if like.is_cuda else []):
+        torch.manual_seed(0)  # seeds every GPU's generator too: this one's is restored
         x = torch.randn(like.numel(), dtype=like.dtype).to(like.device)
         payload = codec.compress(x)
         sent = pack(payload).numel()

@@ -18,8 +18,8 @@ def buffer_mask(params: list[torch.Tensor]) -> torch.Tensor | None:
     workers' plain mean: a step past it could take a running variance below zero."""
     if all(isinstance(p, torch.nn.Parameter) for p in params):
         return None
-    return torch.cat([torch.full((p.numel(),), not isinstance(p, torch.nn.Parameter))
-                      for p in params])
+    return torch.cat([torch.full((p.numel(),), not isinstance(p, torch.nn.Parameter),
+                                 device=p.device) for p in params])
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:

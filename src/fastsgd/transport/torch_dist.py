@@ -81,7 +81,9 @@ class TorchTransport(Messaging, Membership):
         backend = pick_backend(backend)
         self.device = torch.device("cpu")
         if backend == "nccl":
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            # modulo: where each process sees only its own GPU (CUDA_VISIBLE_DEVICES)
+            local = int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()
+            self.device = torch.device("cuda", local)
             torch.cuda.set_device(self.device)
         # a worker that takes a lost one's place in a running job (launch.py): no group,
         # only the messenger's connections, and the launcher's store
@@ -182,7 +184,8 @@ class TorchTransport(Messaging, Membership):
         if self._survivors:
             return self._survivors.barrier()
         with self._guard():
-            dist.barrier(group=self._group)
+            dist.barrier(group=self._group, device_ids=[self.device.index]
+                         if self.device.type == "cuda" else None)
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -231,8 +234,8 @@ class TorchTransport(Messaging, Membership):
         self._survivors = Survivors(self)
 
     def now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":  # the compute stream only: not a collective in flight
+            torch.cuda.current_stream(self.device).synchronize()
         return time.perf_counter() - self._start
 
     def off_clock(self) -> None:

@@ -55,3 +55,12 @@ class Precision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
             self.scaler.update()
+
+    def state_dict(self) -> dict[str, float | int]:
+        """fp16's loss scale and its growth count (a checkpoint's: a resumed run scales as
+        the run without a stop did); empty otherwise."""
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
