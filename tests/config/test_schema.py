@@ -29,6 +29,14 @@ def test_written_config_reads_back_identical(tmp_path):
     assert cfg.load(CHOICES, path) == c
 
 
+def test_a_relative_or_home_data_path_is_made_absolute(tmp_path, monkeypatch):
+    """From the config file's folder; `~` is the home folder, as in a shell."""
+    monkeypatch.setenv("HOME", "/home/someone")
+    raw = {"data": {"path": "corpus:~/more:/abs"}}
+    cfg.paths_from(raw, tmp_path)
+    assert raw["data"]["path"] == f"{tmp_path}/corpus:/home/someone/more:/abs"
+
+
 @pytest.mark.parametrize("override, culprit", [
     ("run.workers=0", "run.workers must be >= 1"),
     ("run.workers=-3", "run.workers"),

@@ -103,6 +103,12 @@ def test_bad_trace_files(text, culprit, tmp_path, simulate):
     simulate(["--set", _trace(tmp_path, text)], culprit)
 
 
+def test_a_trace_file_that_is_not_utf8_is_one_line(tmp_path, simulate):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(HEADER.encode() + b"0,0s,,1,\xff\n")
+    simulate(["--set", f"compute.trace={path}"], f"compute.trace {path} is not UTF-8 text")
+
+
 SLOW = {"compute.slowdown": [1, 1, 1, 50], "data.name": "synthetic", "model.name": "mlp",
         "run.steps": 2, "compute.model": "fixed", "compute.step_time": "1ms"}
 

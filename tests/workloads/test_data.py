@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,16 @@ def test_missing_fashion_mnist(tmp_path: Path) -> None:
 def test_unknown_dataset() -> None:
     with pytest.raises(UserError, match="'foo'.*data.name.*digits, fashion_mnist, idx, synthetic"):
         load_dataset("foo")
+
+
+@pytest.mark.parametrize("name, culprit", [
+    ("torch.nn:Linear", "data.name = 'torch.nn:Linear' takes arguments; it must name a "
+                        "function making a fastsgd.data.Dataset with no arguments"),
+    ("torch:tensor", "data.name = 'torch:tensor': tensor"),  # a built-in: no signature
+    ("os:getcwd", "data.name = 'os:getcwd' made str, not a fastsgd.data.Dataset")])
+def test_a_dataset_function_that_does_not_make_one_is_one_line(name: str, culprit: str) -> None:
+    with pytest.raises(UserError, match="^" + re.escape(culprit)):
+        load_dataset(name)
 
 
 @pytest.mark.parametrize("name", ["digits", "synthetic"])

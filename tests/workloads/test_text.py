@@ -56,6 +56,7 @@ def test_workers_share_the_global_batch_of_one_process(tmp_path):
     ("latin1", r"f\.py is not UTF-8 text \(byte 1\)"),
     ("short", r"fewer than model\.context \+ 1 = 129"),
     ("missing", r"no file or folder .*nowhere \(data\.path\)"),
+    ("stray colon", r"data\.path = '.*c:' has an empty entry \(a stray ':'\)"),
 ])
 def test_bad_text_is_one_line_naming_the_file_or_key(tmp_path, case, match):
     folder = tmp_path / "c"
@@ -66,7 +67,8 @@ def test_bad_text_is_one_line_naming_the_file_or_key(tmp_path, case, match):
         (folder / "f.py").write_text("x = 1\n" * 10)
     elif case == "empty":
         (folder / "f.py").write_text("")
-    path = str(tmp_path / "nowhere") if case == "missing" else str(folder)
+    path = {"missing": str(tmp_path / "nowhere"),
+            "stray colon": f"{folder}:"}.get(case, str(folder))
     with pytest.raises(UserError, match=match):
         load_dataset("text", path, context=128)
 

@@ -24,6 +24,7 @@ from fastsgd.errors import ConfigError, UserError
 # line, not a TypeError where it is first used: strategies/contract.py, compress/contract.py).
 WANTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "model.name": ("a class or function making a torch.nn.Module with no arguments", ()),
+    "data.name": ("a function making a fastsgd.data.Dataset with no arguments", ()),
     "model.step": ("a function(model, batch) -> loss", ()),
     "model.evaluate": ("a function(model, dataset, device) -> (accuracy, loss)", ()),
     "optimizer.name": ("a torch.optim.Optimizer class, or a function(params, **options) "

@@ -145,7 +145,7 @@ def paths_from(raw: dict, folder: Path) -> None:
     for section, key in PATHS:
         values = raw.get(section)
         if isinstance(values, dict) and isinstance(values.get(key), str) and values[key]:
-            values[key] = ":".join(str(folder / part) if part else part
+            values[key] = ":".join(str(folder / Path(part).expanduser()) if part else part
                                    for part in values[key].split(":"))
 
 

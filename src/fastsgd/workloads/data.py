@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gzip
 import importlib.util
+import inspect
 from collections.abc import Iterator
 from dataclasses import replace
 from functools import lru_cache
@@ -14,8 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fastsgd.config.objects import is_import_path, resolve
-from fastsgd.errors import UserError
+from fastsgd.config.objects import WANTED, check_arguments, is_import_path, resolve
+from fastsgd.errors import ConfigError, UserError
 from fastsgd.workloads.dataset import Dataset
 from fastsgd.workloads.idx import load_idx_folder
 from fastsgd.workloads.text import (
@@ -147,13 +148,26 @@ def load_dataset(name: str, path: str | None = None, seed: int = 0, *, context: 
     if name in loaders:
         return replace(loaders[name](), source=(name, path or "", seed))
     if is_import_path(name):  # a user's `module:Name`, called with no arguments
-        made = resolve(name, "data.name")()
+        made = _user_dataset(name)
         if not isinstance(made, Dataset):
             raise UserError(f"data.name = '{name}' made {type(made).__name__}, not a "
                             "fastsgd.data.Dataset")
         return replace(made, source=(name, path or "", seed))
     raise UserError(f"unknown dataset {name!r} (data.name); choose one of: {', '.join(DATASETS)}"
                     ", or module:function for your own")
+
+
+def _user_dataset(name: str) -> object:
+    """What the function at import path `name` makes, called with no arguments."""
+    factory = resolve(name, "data.name")
+    wanted = f"it must name {WANTED['data.name'][0]}"
+    check_arguments(factory, 0, f"data.name = '{name}' takes arguments; {wanted}", ConfigError)
+    try:
+        return factory()
+    except TypeError as e:  # a built-in whose signature cannot be read wants arguments
+        if inspect.isbuiltin(factory) or not inspect.isfunction(factory):
+            raise ConfigError(f"data.name = '{name}': {e}; {wanted}") from None
+        raise
 
 
 @lru_cache(maxsize=8)

@@ -46,6 +46,9 @@ def text_files(path: str | None) -> tuple[list[Path], bool]:
                       if "site-packages" not in p.parts and p.is_file()), True
     files: list[Path] = []
     for part in path.split(os.pathsep):
+        if not part:  # not the working folder, read whole
+            raise UserError(f"data.path = '{path}' has an empty entry (a stray "
+                            f"'{os.pathsep}')")
         named = Path(part)
         if named.is_file():
             files.append(named)

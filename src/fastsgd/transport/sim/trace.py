@@ -84,6 +84,9 @@ def load_trace(path: str) -> Trace:
         text = Path(path).read_text()
     except OSError as e:
         raise ConfigError(f"compute.trace: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"compute.trace {path} is not UTF-8 text (CSV; byte {e.start})"
+                          ) from None
     rows = [(n, line) for n, line in enumerate(text.splitlines(), 1)
             if line.strip() and not line.lstrip().startswith("#")]
     if not rows or [c.strip() for c in rows[0][1].split(",")] != COLUMNS:
