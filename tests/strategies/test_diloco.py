@@ -223,6 +223,14 @@ def test_bad_input_is_one_line_naming_the_key(settings, message, synthetic, tmp_
     assert "\n" not in str(caught.value)
 
 
+def test_checkpoints_with_a_sync_in_flight_are_refused_naming_overlap(synthetic, tmp_path):
+    job = sim_job(synthetic, tmp_path, {"name": "diloco", "period": 4, "overlap": 1}, steps=8,
+                  **{"run.checkpoint_every": 4})
+    with pytest.raises(fs.UserError, match=r"^strategy.name = 'diloco' with strategy.period = "
+                                           r"4, strategy.overlap = 1 cannot be checkpointed"):
+        job.simulate(2)
+
+
 def test_a_codec_that_cannot_carry_a_pseudo_gradient_is_refused(synthetic, tmp_path):
     job = sim_job(synthetic, tmp_path, {"name": "diloco"},
                   **{"compression.name": "dgc", "optimizer.momentum": 0.0})

@@ -42,9 +42,20 @@ def check_job(config: dict, dataset: Dataset, strategy: Strategy, codec: Compres
     if check_optimizer is not None:  # on a probe: before any worker starts
         check_optimizer(make_optimizer([torch.nn.Parameter(torch.zeros(1))]), codec)
     if config["run"]["checkpoint_every"] and not capabilities_of(strategy).checkpoints:
-        raise ConfigError(f"strategy.name = '{strategy.name}' cannot be checkpointed yet: "
-                          "what it keeps between steps is not all in its state; set "
-                          "run.checkpoint_every = 0")
+        raise ConfigError(f"strategy.name = '{strategy.name}'{_as_set(strategy)} cannot be "
+                          "checkpointed yet: what it keeps between steps is not all in its "
+                          "state; set run.checkpoint_every = 0")
+
+
+def _as_set(strategy: Strategy) -> str:
+    """Where the strategy's class checkpoints and this one does not (diloco with overlap),
+    the options it has off their defaults: one of them is why."""
+    if not capabilities_of(type(strategy)).checkpoints:
+        return ""
+    schema, options = getattr(strategy, "OPTIONS", {}), getattr(strategy, "options", {})
+    changed = [f"strategy.{k} = {v!r}" for k, v in options.items()
+               if k in schema and v != schema[k].default]
+    return f" with {', '.join(changed)}" if changed else ""
 
 
 def check_run(config: dict, objects: dict[str, Any], total: int, simulated: bool,
