@@ -67,6 +67,8 @@ def fastsgd(*args, cwd=None):
      "strategy.overlap must be < strategy.period (500)"),
     (["simulate", "--set", "strategy.momentum_correction=yes"],
      "strategy.momentum_correction must be one of"),
+    (["run", "train.py"], "train.py is a Python script, not a TOML config: run it with python3"),
+    (["simulate", "--data", "/no/such/folder"], "--data /no/such/folder: no such folder"),
 ])
 def test_bad_input_is_one_line(args, culprit, capsys, tmp_path, monkeypatch):
     """In this process (the CLI's entry point, 2 s less per case than a new interpreter);

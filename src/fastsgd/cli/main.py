@@ -268,10 +268,14 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _data_option(value: str | None) -> dict[str, str]:
     """--data NAME or --data FOLDER (IDX files) as data.name and data.path."""
+    from fastsgd.errors import ConfigError
+
     if value is None:
         return {}
     if Path(value).is_dir():
         return {"data.name": "idx", "data.path": value}
+    if "/" in value and ":" not in value:  # a folder, not a dataset's name nor module:function
+        raise ConfigError(f"--data {value}: no such folder")
     return {"data.name": value, "data.path": ""}
 
 

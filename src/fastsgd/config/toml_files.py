@@ -15,6 +15,9 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 def read_toml(path: Path) -> dict:
+    if Path(path).suffix == ".py":
+        raise ConfigError(f"{path} is a Python script, not a TOML config: run it with "
+                          f"python3 {path}, or make a job archive of it (fastsgd pack {path})")
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

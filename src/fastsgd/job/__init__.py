@@ -211,9 +211,9 @@ class Job:
         directory is locked for this run (rundir.hold) unless not `writer`: a worker that
         joins the run holding it (fastsgd join)."""
         dataset = self._dataset(config)
+        make_model = self._model_factory(config, dataset)  # first: does it take this data?
         strategy, codec = self._strategy_object(config), self._codec(config)
         check_job(config, dataset, strategy, codec, self._optimizer, self._step)
-        make_model = self._model_factory(config, dataset)
         run_dir = self._run_dir(config, transport, writer)
         try:
             return self._plan_in(run_dir, config, dataset, make_model, strategy, codec,
