@@ -3,6 +3,7 @@ norm, learning-rate schedules, bf16 autocast, AdamW. Synchronous all-reduce with
 still equals one process with the global batch; a resume mid-schedule is bitwise."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -157,6 +158,19 @@ def test_bf16_trains_under_autocast(tmp_path):
                                          ({"optimizer.warmup": 13}, "optimizer.warmup")])
 def test_a_kit_that_cannot_run_is_one_line_naming_the_key(options, key, tmp_path):
     with pytest.raises(UserError, match=f"^{key} = [^\n]*$"):
+        job(tmp_path / "run", **options).simulate()
+
+
+@pytest.mark.parametrize("options,culprit", [
+    ({"optimizer.schedule": "cosine", "optimizer.min_lr": 1.0},
+     "optimizer.min_lr = 1.0 is above optimizer.lr = "),
+    ({"optimizer.name": "adamw", "optimizer.nesterov": True},
+     "optimizer.nesterov applies to optimizer.name = 'sgd', not 'adamw'"),
+    ({"optimizer.name": "sgd", "optimizer.betas": [0.8, 0.9]},
+     "optimizer.betas applies to optimizer.name = 'adam' or 'adamw', not 'sgd'")])
+def test_an_optimizer_key_that_would_be_ignored_or_climb_is_one_line(options, culprit,
+                                                                     tmp_path):
+    with pytest.raises(UserError, match="^" + re.escape(culprit) + "[^\n]*$"):
         job(tmp_path / "run", **options).simulate()
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fastsgd.config.keys import KIT_KEYS
+from fastsgd.config.keys import KIT_KEYS, SCHEMA
 from fastsgd.config.objects import (
     WANTED,
     check_arguments,
@@ -38,6 +38,7 @@ def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
                            f"optimizer.name = '{section['name']}'", ConfigError)
         return make
     lr, wd = section["lr"], section["weight_decay"]
+    _check_applies(section)
     if section["name"] in ("adam", "adamw"):
         adam = torch.optim.AdamW if section["name"] == "adamw" else torch.optim.Adam
         betas = {"betas": tuple(section["betas"])} if "betas" in section else {}
@@ -47,6 +48,18 @@ def optimizer_from_config(section: dict[str, Any]) -> OptimizerFn:
         raise UserError("optimizer.nesterov = true needs optimizer.momentum > 0")
     return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd,
                                           nesterov=nesterov, foreach=True)
+
+
+def _check_applies(section: dict[str, Any]) -> None:
+    """A key set that the built-in optimizer named would ignore: refused in one line."""
+    name = section["name"]
+    adam = name in ("adam", "adamw")
+    if adam and section["nesterov"]:
+        raise ConfigError(f"optimizer.nesterov applies to optimizer.name = 'sgd', not "
+                          f"'{name}' (Adam's momentum is optimizer.betas)")
+    if not adam and list(section["betas"]) != SCHEMA["optimizer"]["betas"].default:
+        raise ConfigError(f"optimizer.betas applies to optimizer.name = 'adam' or 'adamw', "
+                          f"not '{name}' (SGD's momentum is optimizer.momentum)")
 
 
 def _imported_optimizer(section: dict[str, Any], make: Callable[..., Any],

@@ -43,7 +43,12 @@ def factor(k: int, total: int, section: dict[str, Any], min_ratio: float = 0.0) 
 
 
 def check(section: dict[str, Any], total: int) -> None:
-    """A warmup longer than the run never reaches optimizer.lr: refused in one line."""
+    """A warmup longer than the run never reaches optimizer.lr, and a decay to a min_lr
+    above it would climb: refused in one line."""
+    lr, floor = section.get("lr"), section.get("min_lr", 0.0)
+    if lr is not None and floor > lr and section.get("schedule", "constant") != "constant":
+        raise ConfigError(f"optimizer.min_lr = {floor} is above optimizer.lr = {lr}: the "
+                          f"'{section['schedule']}' schedule would raise the learning rate")
     warmup = section.get("warmup", 0)
     if warmup > total:
         raise ConfigError(f"optimizer.warmup = {warmup} is longer than the run ({total} "
