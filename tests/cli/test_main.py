@@ -67,6 +67,10 @@ def fastsgd(*args, cwd=None):
      "strategy.overlap must be < strategy.period (500)"),
     (["simulate", "--set", "strategy.momentum_correction=yes"],
      "strategy.momentum_correction must be one of"),
+    (["simulate", "--set", "strategy.name=dpsgd", "--set", "strategy.rows=2"],
+     'strategy.rows is for topology torus; strategy.topology = "ring" does not use it'),
+    (["simulate", "--set", "strategy.name=dpsgd", "--set", "strategy.topology=custom",
+      "--set", 'strategy.edges=["0-1"]'], "strategy.edges[0] = '0-1' must be [a, b]"),
     (["run", "train.py"], "train.py is a Python script, not a TOML config: run it with python3"),
     (["simulate", "--data", "/no/such/folder"], "--data /no/such/folder: no such folder"),
 ])

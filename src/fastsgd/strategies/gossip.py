@@ -29,7 +29,7 @@ from fastsgd.strategies.base import Context, StrategyBase
 from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.membership import gone_at, healed_weights
 from fastsgd.strategies.params import assign, flatten, mix_into
-from fastsgd.topology.build import TOPOLOGIES, Topology, build_topology
+from fastsgd.topology.build import TOPOLOGIES, Topology, build_topology, check_applies
 from fastsgd.transport.base import PeerLost
 
 Params = list[torch.nn.Parameter]
@@ -54,7 +54,8 @@ def _shared_topology(key: tuple, world_size: int) -> Topology:
     graph of 1024 workers is 1.5 MB; a Topology is never changed once built)."""
     graph = dict(key)
     edges = graph.pop("edges")
-    return _topology({**graph, "edges": [list(e) for e in edges] if edges else None},
+    return _topology({**graph, "edges": [e if isinstance(e, str) else list(e) for e in edges]
+                      if edges else None},
                      world_size)
 
 
@@ -71,6 +72,9 @@ class OnGraph(StrategyBase):
     def __init__(self, topology: str = "ring", weights: str = "uniform", rows: int = 0,
                  cols: int = 0, degree: int = 0, graph_seed: int = 0,
                  edges: list | None = None):
+        set_off_default = {k: v or None for k, v in (("rows", rows), ("cols", cols),
+                           ("degree", degree), ("graph_seed", graph_seed), ("edges", edges))}
+        check_applies(topology, set_off_default)
         self.graph = dict(name=topology, weighting=weights, rows=rows, cols=cols,
                           degree=degree, seed=graph_seed, edges=edges or None)
         self.topology: Topology | None = None
@@ -82,7 +86,8 @@ class OnGraph(StrategyBase):
     def build(self, world_size: int) -> Topology:
         edges = self.graph["edges"]
         try:
-            frozen = tuple(map(tuple, edges)) if edges else None
+            frozen = tuple(e if isinstance(e, str) else tuple(e) for e in edges) if edges \
+                else None  # (a string stays itself: custom_graph names it as written)
             key = tuple(sorted({**self.graph, "edges": frozen}.items()))
             hash(key)
         except TypeError:  # edges that are not [a, b] pairs: the graph says so, in one line

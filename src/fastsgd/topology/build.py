@@ -201,6 +201,19 @@ def _graphs(name: str, n: int, shape: tuple[int, int], degree: int, seed: int,
     return (custom_graph(n, edges, keys),)
 
 
+ONLY_FOR = {"rows": "torus", "cols": "torus", "degree": "random", "graph_seed": "random",
+            "edges": "custom"}
+
+
+def check_applies(name: str, given: dict[str, object], keys: Keys = config_key) -> None:
+    """UserError for an option `given` (not None) that topology `name` does not use:
+    `rows` on a ring would be ignored."""
+    for option, only in ONLY_FOR.items():
+        if given.get(option) is not None and name in TOPOLOGIES and name != only:
+            raise UserError(f"{keys(option)} is for topology {only}; "
+                            f"{said(keys('topology'), name)} does not use it")
+
+
 def build_topology(name: str, n: int, *, rows: int = 0, cols: int = 0, degree: int = 0,
                    seed: int = 0, edges: list[list[int]] | None = None,
                    weighting: str = "uniform", keys: Keys = config_key) -> Topology:

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastsgd.errors import UserError
-from fastsgd.topology.build import TOPOLOGIES, Topology, build_topology, cli_key, parse_edges
+from fastsgd.topology.build import (
+    Topology,
+    build_topology,
+    check_applies,
+    cli_key,
+    parse_edges,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -17,14 +23,13 @@ if TYPE_CHECKING:
     from matplotlib.collections import LineCollection
 
 MAX_WORKERS = 2048  # a table of n lines, a dense n x n matrix: the complete graph takes ~10 s
-ONLY_FOR = {"rows": "torus", "cols": "torus", "degree": "random", "seed": "random",
-            "edges": "custom"}
 
 
 def show(name: str, workers: int, *, step: int, png: str | None, weights: str,
          edges: str | None, **graph: int | None) -> int:
     """The command: check its options, print the table, then write the drawing."""
-    _check_options(name, workers, step, {**graph, "edges": edges})
+    given = {**graph, "graph_seed": graph.get("seed"), "edges": edges}
+    _check_options(name, workers, step, given)
     topo = build_topology(name, workers, **{k: v or 0 for k, v in graph.items()},
                           edges=None if edges is None else parse_edges(edges),
                           weighting=weights, keys=cli_key)
@@ -45,10 +50,7 @@ def _check_options(name: str, workers: int, step: int, given: dict[str, object])
                         "workers")
     if step < 0:
         raise UserError(f"--step {step}: steps count from 0")
-    for option, only in ONLY_FOR.items():
-        if given[option] is not None and name in TOPOLOGIES and name != only:
-            raise UserError(f"--{option} is for topology {only}; topology {name} does not "
-                            "use it")
+    check_applies(name, given, cli_key)
 
 
 def _png(text: str) -> Path:
