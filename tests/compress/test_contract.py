@@ -2,9 +2,11 @@
 it starts, in one line naming the class (module:Class) and the mistake."""
 
 import pytest
+import torch
 
 import fastsgd as fs
 from fastsgd.compress import CODECS, check_codec_class
+from fastsgd.config.objects import import_path
 from fastsgd.config.options import Option
 from fastsgd.errors import ConfigError
 
@@ -91,11 +93,12 @@ class OptionNotOption(fs.Identity):
     (FieldsString, "has FIELDS = 'values': it must list the payload's tensors by name"),
     (NoCompress, "lacks compress(tensor), which fastsgd calls"),
     (Duck, "lacks decode(payload, like), which fastsgd calls"),
+    (torch.nn.Linear, "has none of a codec's methods (init, encode, compress, decode, nbytes)"),
     (Undeclared, "takes 'bits' in __init__, which its OPTIONS do not declare"),
     (OptionNotOption, "has OPTIONS['bits'] = an int: it must be a fastsgd.Option"),
 ])
 def test_a_broken_codec_class_named_in_the_config_is_one_line(cls, mistake, tmp_path):
-    path = f"{HERE}:{cls.__name__}"
+    path = import_path(cls)  # torch.nn:Linear, or this module's
     with pytest.raises(ConfigError) as err:
         fs.Job(options={**SMALL, "compression.name": path, "run.out": str(tmp_path / "run")},
                quiet=True)

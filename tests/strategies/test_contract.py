@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fastsgd as fs
+from fastsgd.config.objects import import_path
 from fastsgd.config.options import Option, at_least
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.strategies import capabilities_of, check_strategy_class, hook
@@ -152,6 +153,8 @@ class SettleFlag(Plain):
 
 @pytest.mark.parametrize("cls, mistake", [
     (NoName, "has no name: give it a class attribute name = \"...\""),
+    (torch.nn.Linear, "has none of a strategy's methods (init, on_gradients, on_parameters, "
+                      "close): it is not one"),
     (NumberName, "has name = an int: it must be a class attribute, a non-empty str"),
     (NoClose, "lacks close(), which fastsgd calls"),
     (NoGradients, "lacks on_gradients(params, state, ctx), which fastsgd calls"),
@@ -173,7 +176,7 @@ class SettleFlag(Plain):
     (SettleFlag, "has settle that is not a method: it must be def settle(params, state, ctx)"),
 ])
 def test_a_broken_strategy_class_named_in_the_config_is_one_line(cls, mistake, tmp_path):
-    path = f"{HERE}:{cls.__name__}"
+    path = import_path(cls)  # torch.nn:Linear, or this module's
     with pytest.raises(ConfigError) as err:
         fs.Job(options={**SMALL, "strategy.name": path, "run.out": str(tmp_path / "run")},
                quiet=True)

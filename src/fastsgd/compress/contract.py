@@ -13,6 +13,7 @@ from fastsgd.config.plugins import (
     name_problem,
     options_problem,
     refused,
+    unlike,
 )
 
 METHODS = {"init": "(like)", "encode": "(tensor, state)", "compress": "(tensor)",
@@ -24,7 +25,8 @@ def check_codec_class(cls: type) -> None:
     contract (fastsgd.Codec's docstrings)."""
     if not isinstance(cls, type):
         raise TypeError(f"check_codec_class takes a class, not {cls!r}")
-    problem = (name_problem(cls) or _kind_problem(cls) or _fields_problem(cls)
+    problem = (unlike(cls, METHODS, "codec") or name_problem(cls)
+               or _kind_problem(cls) or _fields_problem(cls)
                or missing_method(cls, METHODS) or options_problem(cls)
                or constructor_problem(cls))
     if problem:

@@ -84,6 +84,14 @@ def _constructor_parameters(cls: type) -> list[inspect.Parameter] | None:
         return None
 
 
+def unlike(cls: type, methods: dict[str, str], kind: str) -> str | None:
+    """A class with none of a plugin's `methods` (torch.nn.Linear named as a strategy): not
+    one missing a part of the contract, but another kind of class altogether."""
+    if not any(callable(getattr(cls, method, None)) for method in methods):
+        return f"has none of a {kind}'s methods ({', '.join(methods)}): it is not one"
+    return None
+
+
 def missing_method(cls: type, methods: dict[str, str]) -> str | None:
     """The first of `methods` (name -> how it is called) that `cls` lacks or leaves abstract."""
     abstract = getattr(cls, "__abstractmethods__", frozenset())

@@ -16,6 +16,7 @@ from fastsgd.config.plugins import (
     name_problem,
     options_problem,
     refused,
+    unlike,
 )
 from fastsgd.strategies.base import StrategyBase
 from fastsgd.strategies.capabilities import (
@@ -35,7 +36,8 @@ def check_strategy_class(cls: type) -> None:
     contract (StrategyBase's docstrings)."""
     if not isinstance(cls, type):
         raise TypeError(f"check_strategy_class takes a class, not {cls!r}")
-    problem = (name_problem(cls) or missing_method(cls, METHODS) or _hooks_problem(cls)
+    problem = (unlike(cls, METHODS, "strategy") or name_problem(cls)
+               or missing_method(cls, METHODS) or _hooks_problem(cls)
                or options_problem(cls) or constructor_problem(cls)
                or capabilities_problem(cls))
     if problem:
