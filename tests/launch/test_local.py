@@ -186,3 +186,15 @@ def test_the_launcher_never_asks_cuda_before_it_forks(tmp_path, monkeypatch):
                     options={"run.steps": 3, "run.eval_every": 0, "run.precision": "bf16",
                              "run.out": str(tmp_path)}).run(workers=2)
     assert result.summary["steps"] == 3
+
+
+@pytest.mark.multiproc
+def test_a_real_run_says_which_simulator_settings_it_ignores(tmp_path, capsys):
+    import fastsgd as fs
+
+    fs.Job(model="mlp", data="digits", quiet=True,
+           options={"run.steps": 2, "run.eval_every": 0, "run.out": str(tmp_path),
+                    "network.bandwidth": "1Mbit", "faults.crash": [{"worker": 1, "step": 1}],
+                    "compute.model": "fixed", "compute.step_time": "1ms"}).run(workers=2)
+    assert ("fastsgd: network.bandwidth, faults.crash apply to fastsgd simulate only: this "
+            "run on real processes ignores them\n") in capsys.readouterr().err

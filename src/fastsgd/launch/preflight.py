@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from fastsgd.compress import Compressor
+from fastsgd.config.keys import SCHEMA
 from fastsgd.config.options import reaching_past
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks import model_loss_step
@@ -66,10 +67,26 @@ def check_run(config: dict, objects: dict[str, Any], total: int, simulated: bool
     check_schedule(config["optimizer"], total)
     check_precision(config["run"]["precision"],
                     _on_cpu(config, objects["strategy"], simulated, device))
+    # fastsgd run's own workers (not torchrun's: bench's emulated hosts shape the network)
+    ignored = simulator_only(config) if not simulated and device is None else []
+    if ignored:
+        print(f"fastsgd: {', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} "
+              "to fastsgd simulate only: this run on real processes ignores "
+              f"{'it' if len(ignored) == 1 else 'them'}", file=sys.stderr, flush=True)
     for section, obj in objects.items() if leader else ():
         for line in reaching_past(section, getattr(obj, "OPTIONS", {}),
                                   getattr(obj, "options", {}), total):
             print(f"fastsgd: {line}", file=sys.stderr, flush=True)
+
+
+def simulator_only(config: dict) -> list[str]:
+    """The keys set off their defaults that only the simulator reads: its network, faults
+    and compute trace (compute's timing keys are left out: a spec shares them between its
+    real and simulated cells, and they describe the workload, not a setting to act on)."""
+    wanted = [("network", k) for k in SCHEMA["network"]] + [
+        ("faults", k) for k in SCHEMA["faults"]] + [("compute", "trace")]
+    return [f"{section}.{key}" for section, key in wanted
+            if config[section][key] != SCHEMA[section][key].default]
 
 
 def _on_cpu(config: dict, strategy: Strategy, simulated: bool,
