@@ -36,6 +36,9 @@ def test_range_errors_show_the_given_value():
     ("run.workers=four", "run.workers must be of type int, got 'four'"),
     ("run.epochs=two", "run.epochs must be of type float, got 'two'"),
     ("compute.slowdown=3", "compute.slowdown must be of type list, got 3"),
+    # a number where a unit is wanted: what such a value looks like
+    ("network.latency=20", "network.latency must be a time >= 0 such as 20ms, 50us or 0.1s"),
+    ("network.bandwidth=100", "network.bandwidth must be a bandwidth > 0 such as 100Mbit"),
 ])
 def test_cli_overrides(override, shown):
     with pytest.raises(ConfigError, match=shown):

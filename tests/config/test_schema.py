@@ -29,6 +29,14 @@ def test_written_config_reads_back_identical(tmp_path):
     assert cfg.load(CHOICES, path) == c
 
 
+def test_a_key_written_outside_its_table_names_the_table(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text("workers = 2\n")
+    with pytest.raises(ConfigError, match=r"job.toml: unknown config section \[workers\] "
+                                          r"\(workers is a key of \[run\]: write it under"):
+        cfg.load(CHOICES, path)
+
+
 def test_a_relative_or_home_data_path_is_made_absolute(tmp_path, monkeypatch):
     """From the config file's folder; `~` is the home folder, as in a shell."""
     monkeypatch.setenv("HOME", "/home/someone")

@@ -41,6 +41,10 @@ class Option:
     def validate(self, key: str, value: Any) -> Any:
         """Return `value` converted to this option's type, or raise ConfigError naming `key`."""
         coerced = _coerce(self.type, value)
+        if coerced is None and self.check and self.type is str and _number(value):
+            problem = self.check(str(value))  # 20 for a time: say what a time looks like
+            if problem:
+                raise ConfigError(f"{key} {problem}, got {value!r}")
         if coerced is None:
             raise ConfigError(f"{key} must be of type {self.type.__name__}, "
                               f"got {value!r} ({type(value).__name__})")
@@ -53,6 +57,10 @@ class Option:
         """`key`'s line in `fastsgd keys`: its type, default and meaning."""
         default = toml_value(self.default)
         return f"  {key:<19} {self.type.__name__:<5} {default:<16} {self.doc}".rstrip()
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def reaching_past(section: str, schema: dict[str, Option], options: dict[str, Any],

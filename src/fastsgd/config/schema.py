@@ -49,7 +49,10 @@ def tables(raw: dict, source: str = "") -> dict:
     where = f"{source}: " if source else ""
     unknown = sorted(set(raw) - set(SCHEMA))
     if unknown:
-        raise ConfigError(f"{where}unknown config section [{unknown[0]}]; known: "
+        owners = [s for s, keys in SCHEMA.items() if unknown[0] in keys]
+        hint = (f" ({unknown[0]} is a key of [{owners[0]}]: write it under that table)"
+                if owners and not isinstance(raw[unknown[0]], dict) else "")
+        raise ConfigError(f"{where}unknown config section [{unknown[0]}]{hint}; known: "
                           f"{', '.join(SCHEMA)}")
     for section, values in raw.items():
         if not isinstance(values, dict):
