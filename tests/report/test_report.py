@@ -3,6 +3,7 @@ HTML page, with the seeds' metrics computed from the runs themselves."""
 
 import csv
 import io
+import re
 import shutil
 import subprocess
 
@@ -89,6 +90,9 @@ def test_what_is_not_a_run_is_one_line(tmp_path, capsys, make, says):
 @pytest.mark.parametrize("name, damage, says", [
     ("summary.json", lambda text: "{}", "not a fastsgd run summary (no strategy, compressor"),
     ("summary.json", lambda text: "[1, 2]", "a damaged file (a JSON list, not an object)"),
+    ("summary.json", lambda text: re.sub(r'"final_accuracy": [^,]*', '"final_accuracy": "x"',
+                                         text), "a damaged file (final_accuracy is 'x', not a "
+                                                "number)"),
     ("metrics.jsonl", lambda text: text[:-30],
      "line 120 is damaged (Unterminated string starting at column "),
     ("metrics.jsonl", lambda text: text + "\n[1]\n", "line 122 is not a fastsgd record (a JSON "

@@ -141,6 +141,11 @@ def load_run(path: str | Path) -> RunData:
     if absent:
         raise UserError(f"{path / 'summary.json'}: not a fastsgd run summary (no "
                         f"{', '.join(absent)})")
+    wrong = [key for key in SUMMARY[2:] if summary[key] is not None
+             and (not isinstance(summary[key], (int, float)) or isinstance(summary[key], bool))]
+    if wrong:
+        raise UserError(f"{path / 'summary.json'}: a damaged file ({wrong[0]} is "
+                        f"{summary[wrong[0]]!r}, not a number)")
     metrics, evals = (_records(path / name) for name in RECORDS)
     environment = _read(path / "environment.json", _json)
     label = _read(path.parent / LABELS, _json).get(path.name, "")
