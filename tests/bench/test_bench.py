@@ -90,7 +90,7 @@ def test_mlperf_drops_the_fastest_and_the_slowest():
     ('deployment = [4]\n', "axes.deployment: not a section of the configuration, so a joint"),
     ('deployment = [{rn = {workers = 4}}]\n', "axes.deployment: rn is neither a section"),
     ('deployment = [{run = {wrkers = 4}}]\n', "axes.deployment: no such key run.wrkers"),
-    ('deployment = [{mode = "real"}]\n', "axes.mode: 'real' is not 'simulate'"),
+    ('deployment = [{mode = "real"}]\n', "axes.deployment's mode: 'real' is not 'simulate'"),
     # what a strategy checks of the workers, before any cell runs
     ('strategy = [{name = "dpsgd", topology = "torus"}]\n"run.workers" = [4, 7]\n',
      "the cell strategy.name=allreduce run.seed=1 strategy=dpsgd/torus run.workers=7: torus: "
@@ -99,6 +99,19 @@ def test_mlperf_drops_the_fastest_and_the_slowest():
 ])
 def test_a_bad_axis_is_one_line(tmp_path, capsys, extra, says):
     assert main(["bench", str(_spec(tmp_path, SPEC + extra))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
+
+@pytest.mark.parametrize("text,says", [
+    (SPEC.replace("run.steps = 30", "run.stepz = 30"),
+     "sweep.toml [base]: unknown config key 'run.stepz' (did you mean run.steps?)"),
+    ('[bench]\nmode = "simulate"\n', "sweep.toml: neither [base] nor [axes]"),
+    (None, "bench spec not found: "),
+])
+def test_a_bad_spec_is_one_line_naming_the_spec(tmp_path, capsys, text, says):
+    spec = _spec(tmp_path, text) if text is not None else tmp_path / "nowhere.toml"
+    assert main(["bench", str(spec)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
 

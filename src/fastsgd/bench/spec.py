@@ -36,7 +36,7 @@ from typing import Any
 
 from fastsgd.config import schema as cfg
 from fastsgd.config.objects import is_import_path
-from fastsgd.config.options import Option, one_of, validate_section
+from fastsgd.config.options import Option, one_of, unknown_key_message, validate_section
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.strategies import CHOICES, build_strategy, hook
 
@@ -73,6 +73,8 @@ def command(mode: str, spec: Path, out: Path) -> list[str]:
 
 def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any]]]:
     """(mode, base configuration, axes) of a spec file, checked."""
+    if not Path(path).exists():
+        raise ConfigError(f"bench spec not found: {path}")
     spec = cfg.read_toml(Path(path))
     unknown = sorted(set(spec) - {"bench", "base", "axes", "doc"})
     if unknown:
@@ -86,6 +88,10 @@ def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     base = cfg.tables(spec.get("base", {}), f"{path} [base]")  # before an axis merges into it
+    _check_base_keys(base, f"{path} [base]")
+    if not base and not spec.get("axes"):
+        raise ConfigError(f"{path}: neither [base] nor [axes]: a spec sets what its cells "
+                          "run (docs/benchmarks.md)")
     folder = Path(path).resolve().parent  # the files a spec names are beside it
     cfg.paths_from(base, folder)
     axes = spec.get("axes", {})
@@ -94,6 +100,17 @@ def load_spec(path: str | Path) -> tuple[str, dict[str, Any], dict[str, list[Any
             raise ConfigError(f"axes.{key}: give a non-empty list of values, e.g. [1, 2]")
         axes[key] = [_paths_beside(key, value, folder) for value in values]
     return mode, base, axes
+
+
+def _check_base_keys(base: dict[str, Any], where: str) -> None:
+    """A key of [base] that no cell could take: named here, not as the first cell's. (The
+    strategy's and codec's keys depend on the name an axis may choose: a cell checks them.)"""
+    for section, values in base.items():
+        schema = cfg.SCHEMA[section]
+        unknown = [k for k in values if k not in schema]
+        if unknown and section not in cfg.OPEN_SECTIONS:
+            raise ConfigError(f"{where}: "
+                              f"{unknown_key_message(f'{section}.{unknown[0]}', section, schema)}")
 
 
 def _paths_beside(key: str, value: Any, folder: Path) -> Any:
@@ -128,7 +145,7 @@ def cells(mode: str, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[C
             else:  # a joint axis: each value sets several sections (and the mode) together
                 for section, table in _joint(key, value).items():
                     if section == "mode":
-                        cell_mode = _mode(table)
+                        cell_mode = _mode(table, key)
                     else:
                         _merge(raw, key, section, table)
         try:  # a cell that cannot run is refused before any runs, not hours into the bench
@@ -184,9 +201,10 @@ def _check_strategy(config: dict[str, Any]) -> None:
         check(config["run"]["workers"])
 
 
-def _mode(value: Any) -> str:
+def _mode(value: Any, key: str = "mode") -> str:
     if value not in MODES:
-        raise ConfigError(f"axes.mode: {value!r} is not 'simulate', 'run' or 'hosts'")
+        where = "axes.mode" if key == "mode" else f"axes.{key}'s mode"
+        raise ConfigError(f"{where}: {value!r} is not 'simulate', 'run' or 'hosts'")
     return value
 
 
