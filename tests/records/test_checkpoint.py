@@ -124,8 +124,8 @@ def test_simulated_resume_is_bitwise(tmp_path, monkeypatch, strategy, codec):
 
 
 def test_a_strategy_that_cannot_resume_yet_refuses_at_the_start(tmp_path):
-    with pytest.raises(UserError, match="strategy.name = 'diloco' cannot be checkpointed "
-                                        "yet.*run.checkpoint_every = 0"):
+    with pytest.raises(UserError, match="strategy.name = 'diloco' with strategy.overlap = 2 "
+                                        "cannot be checkpointed yet.*run.checkpoint_every = 0"):
         _job(tmp_path / "run", "diloco", "none", **{"strategy.overlap": 2}).simulate()
     assert not (tmp_path / "run").exists()
 
