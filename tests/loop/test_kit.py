@@ -82,7 +82,7 @@ RESUMED = {**KITS["all"], "run.precision": "bf16", "run.workers": 2, "run.steps"
            "run.checkpoint_every": 10, "optimizer.warmup": 6, "strategy.period": 4}
 
 
-class Killed(Exception):
+class Killed(BaseException):  # as kill -9: no `except Exception` takes it
     """Stands for the kill -9 that FASTSGD_TEST_KILL_AFTER_CHECKPOINT sends, in-process."""
 
 

@@ -25,7 +25,7 @@ STRAIGHT = {"run.steps": 40, "run.checkpoint_every": 10, "run.eval_every": 10,
 RUN_FILES = ("model.pt", "metrics.jsonl", "eval.jsonl")
 
 
-class Killed(Exception):
+class Killed(BaseException):  # as kill -9: no `except Exception` takes it
     """Stands for the kill -9 that FASTSGD_TEST_KILL_AFTER_CHECKPOINT sends, in-process."""
 
 

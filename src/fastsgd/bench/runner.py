@@ -31,6 +31,7 @@ from fastsgd.report.runs import LABELS
 
 MAX_CELLS = 64
 ERROR_LINES = 5  # of a failed cell's stderr, in the bench's own output
+ERROR, TRACEBACK = "fastsgd: error:", "Traceback (most recent call last):"  # in it: `told`
 
 
 def plan(spec: str | Path, out: str | Path | None, max_cells: int, yes: bool
@@ -187,10 +188,23 @@ def run_cell(root: Path, cell: Cell, ray: Any = None) -> str | None:
         code, output = _process(cell.mode, spec, folder)
     (folder.parent / f"{cell.id}.log").write_text(
         f"# {cell.label}, {time.perf_counter() - start:.1f} s, exit {code}\n{output}")
-    if code == 0:
-        return None
-    lines = output.strip().splitlines()[-ERROR_LINES:]
-    return "\n  ".join(lines) or f"exit code {code}"
+    return None if code == 0 else told(output) or f"exit code {code}"
+
+
+def told(output: str) -> str:
+    """What a failed cell's output says of its failure: its `fastsgd: error:` line (a
+    worker's traceback follows it in the log), else the exception a Python traceback ends
+    in, else its last ERROR_LINES lines."""
+    lines = output.strip().splitlines()
+    errors = [line[line.index(ERROR):] for line in lines if ERROR in line]
+    if errors:
+        return errors[-1]
+    if TRACEBACK in lines:  # the exception's lines: after the last traceback's frames
+        last = lines[len(lines) - lines[::-1].index(TRACEBACK):]
+        exception = [line for line in last if line and not line[0].isspace()]
+        if exception:
+            return "\n  ".join(exception[:ERROR_LINES])
+    return "\n  ".join(lines[-ERROR_LINES:])
 
 
 def _process(mode: str, spec: Path, folder: Path) -> tuple[int, str]:

@@ -4,12 +4,17 @@ SIGBUS, SIGFPE, SIGILL) in the code it ran. That is a bug, which a restart would
 not a lost machine (SIGKILL, SIGTERM, a vanished process): the launcher stops the run and
 says so, with the Python stack the worker was in (faulthandler writes it, as the process
 dies, to a file the launcher made for its rank before forking it).
+
+A worker that raised is told with the step it was in, or, where its traceback shows it
+never got that far, as one that failed building its model (`building_model`), in `fastsgd
+run` and `fastsgd simulate` alike.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import signal
 import tempfile
 from collections.abc import Callable
@@ -17,6 +22,15 @@ from collections.abc import Callable
 CRASHES = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
                      signal.SIGILL})
 STACK_CHARS = 4000  # of a crashed worker's Python stack, told with its failure
+# in a worker's traceback: loop/worker.py's `train` at its call of plan.make_model()
+_BUILDING = re.compile(r'[/\\]fastsgd[/\\]loop[/\\]worker\.py", line \d+, in train\n'
+                       r'[ \t]+\S.*\bmake_model\(')
+
+
+def building_model(trace: str) -> bool:
+    """Does a worker's traceback (as traceback.format_exc writes it) show it failed while
+    building its model (the user's constructor raised), before any step?"""
+    return _BUILDING.search(trace) is not None
 
 
 def crashed(exitcode: int | None) -> bool:

@@ -24,7 +24,7 @@ from multiprocessing import connection
 import torch
 import torch.distributed as dist
 
-from fastsgd.control.crashes import Stacks, crashed
+from fastsgd.control.crashes import Stacks, building_model, crashed
 from fastsgd.control.interrupt import DONOR_LOST, Stop, catching
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
 from fastsgd.launch.door import EVERY, Door
@@ -131,7 +131,7 @@ class Told:
     """What the launcher tells of worker `rank`'s end (`exitcode`): forking.failure_of (its
     own report, or its death), unless it crashed (control/crashes.py); a failure that is
     not a death, with the step it was in (from 1: `progress`, the launcher's count of the
-    steps each worker has done, plus one)."""
+    steps each worker has done, plus one), or as failed building its model (no step)."""
 
     def __init__(self, errors: mp.SimpleQueue, progress: Sequence[int] = (),
                  stacks: Stacks | None = None):
@@ -143,6 +143,8 @@ class Told:
         else:
             failure = failure_of(rank, exitcode, self.errors)
         if isinstance(failure, WorkerFailed) and not failure.died and failure.rank is not None:
+            if building_model(str(failure)):
+                return failure.placed(" while building its model")
             failure.step = self._step(failure.rank)
         return failure
 

@@ -5,6 +5,7 @@ a Network or ComputeModel given to Job.simulate is written into it as its keys."
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,9 @@ import torch
 from fastsgd.config import schema as cfg
 from fastsgd.config.units import format_bandwidth, format_ns, format_seconds
 from fastsgd.control import interrupt
-from fastsgd.errors import ConfigError, Interrupted, WorkerFailed
+from fastsgd.control.crashes import building_model
+from fastsgd.errors import ConfigError, Interrupted, UserError, WorkerFailed
+from fastsgd.launch.forking import REPORT_CHARS
 from fastsgd.launch.supervise import placed
 from fastsgd.loop.checked_step import StepChecks
 from fastsgd.loop.observe import EvalLog, Observer, target_of
@@ -22,10 +25,11 @@ from fastsgd.loop.profiling import needs_profile, profiled
 from fastsgd.loop.worker import train
 from fastsgd.strategies import CHOICES, capabilities_of
 from fastsgd.strategies.membership import first_expendable
-from fastsgd.transport.sim import ComputeModel, Faults, Network, load_trace, simulate
+from fastsgd.transport.sim import ComputeModel, Faults, Network, SimAborted, load_trace, simulate
 from fastsgd.transport.sim.compute import PHASES, check_times, compute_model
 from fastsgd.transport.sim.faults import Survival
 from fastsgd.transport.sim.lanes import ahead_for, cores, draws_random
+from fastsgd.transport.sim.transport import SimTransport
 
 
 def check_faults(faults: Faults, strategy: object, codec: Any, config: dict) -> None:
@@ -83,7 +87,7 @@ def simulate_plan(plan: Plan, net: Network, faults: Faults) -> None:
     first where it asks to be (the times go into the run's config.toml)."""
     n, seed = plan.config["run"]["workers"], plan.config["run"]["seed"]
     if plan.config["compute"]["model"] == "profile":
-        plan.config = cfg.merged(plan.config, CHOICES, compute=profiled(plan))
+        plan.config = cfg.merged(plan.config, CHOICES, compute=_profiled(plan))
     model = compute_model(plan.config["compute"], seed)
     plan.observer = Observer(n, plan.config["run"]["representative"],
                              lambda m: plan.evaluate(m, plan.dataset, torch.device("cpu")),
@@ -93,15 +97,53 @@ def simulate_plan(plan: Plan, net: Network, faults: Faults) -> None:
     lanes, ahead = compute_lanes(plan, model)
     with interrupt.simulated(n) as stop:
         try:
-            simulate(n, lambda t: train(plan, t), net, model, faults, plan.observer.crashed,
-                     plan.total_steps(n), lanes, ahead)
-        except WorkerFailed as e:  # a worker's bug (transport/sim/collective.py), in one
-            raise placed(e, plan) from e  # line with its step and the strategy, as in a run
+            simulate(n, lambda t: _worker(plan, t), net, model, faults,
+                     plan.observer.crashed, plan.total_steps(n), lanes, ahead)
+        except WorkerFailed as e:  # a worker's bug (_worker, transport/sim/collective.py),
+            raise placed(e, plan) from e  # in one line with its step and the strategy
     if 0 < stop.stop_at.value < plan.total_steps(n):  # Ctrl-C: checkpoints written
         step = stop.stop_at.value
         raise Interrupted(f"interrupted: every worker stopped after step {step} and wrote "
                           f"a checkpoint; resume with: fastsgd simulate --resume "
                           f"{plan.run_dir}", step)
+
+
+def _worker(plan: Plan, t: SimTransport) -> Any:
+    """One simulated worker, whose error is told as `fastsgd run` tells a worker process's
+    (launch/forking.py, local.Told): WorkerFailed with its rank, the step it was in (or
+    "while building its model") and its traceback, which is the user's code's. Not a user
+    error (one line already), nor the simulator's own ending of a worker (SimAborted)."""
+    try:
+        return train(plan, t)
+    except (SimAborted, UserError, WorkerFailed):
+        raise
+    except Exception as e:  # noqa: BLE001 - told as the worker's failure
+        if building_model(traceback.format_exc()):
+            raise _failed(e, f"worker {t.rank} failed while building its model",
+                          t.rank) from None
+        step = max(t.fabric.progress[t.rank], interrupt.steps_done(t.rank) or 0) + 1
+        raise _failed(e, f"worker {t.rank} failed", t.rank, step) from None
+
+
+def _profiled(plan: Plan) -> dict[str, Any]:
+    """compute.model = "profile": the times of the plan's model and step, measured here
+    (loop/profiling.py); where the user's model or step raises, one line says so."""
+    try:
+        return profiled(plan)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code raised
+        raise _failed(e, 'compute.model = "profile": the model or step raised while being '
+                      "profiled") from None
+
+
+def _failed(e: Exception, head: str, rank: int | None = None,
+            step: int | None = None) -> WorkerFailed:
+    """`e`, being handled, told as a run tells a worker's error: `head`, the exception in
+    a line, then its traceback (as long as forking.py sends)."""
+    trace = traceback.format_exc()[-REPORT_CHARS[1]:]
+    message = f"{type(e).__name__}: {e}"[:REPORT_CHARS[0]]
+    return WorkerFailed(f"{head}: {message}\n{trace}", rank=rank, step=step)
 
 
 def network_section(net: Network, seed: int) -> dict[str, Any]:
@@ -163,16 +205,21 @@ def compute_lanes(plan: Plan, compute: ComputeModel) -> tuple[int, int]:
     """Compute lanes for a simulation and how far ahead they may compute
     (transport/sim/lanes.py): none where the order of computing would change the run
     (measured compute, workers that share their parameters, a step that draws random
-    numbers)."""
+    numbers, a model or step that raises: the workers tell that)."""
     lanes = plan.config["compute"]["lanes"]
     lanes = cores() if lanes < 0 else lanes
     if not lanes or not compute.deterministic or capabilities_of(plan.strategy).host_memory:
         return 0, 0
     with torch.random.fork_rng(devices=[]):
-        model = plan.make_model()
-        batch = plan.shard(0, plan.config["run"]["workers"]).batch(0)
-        step = StepChecks(plan.step, list(model.parameters()), "model.step, tried before "
-                          "the simulation: ")  # the workers' checks, before any worker
-        if draws_random(lambda: step(model, batch)):
-            return 0, 0
+        try:
+            model = plan.make_model()
+            batch = plan.shard(0, plan.config["run"]["workers"]).batch(0)
+            step = StepChecks(plan.step, list(model.parameters()), "model.step, tried "
+                              "before the simulation: ")  # the workers' checks, before any
+            if draws_random(lambda: step(model, batch)):
+                return 0, 0
+        except UserError:
+            raise
+        except Exception:  # noqa: BLE001 - the user's model or step raised: no lanes; the
+            return 0, 0  # workers meet it again and tell it as a run's would (_worker)
     return lanes, ahead_for(model, lanes)
