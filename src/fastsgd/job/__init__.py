@@ -35,7 +35,7 @@ from fastsgd.loop.plan import EvalFn, Plan, StepFn, evaluate_classifier
 from fastsgd.loop.results import Result, result_of
 from fastsgd.pack import PACKED, PackedFactory
 from fastsgd.records.checkpoint import steps
-from fastsgd.records.resumable import check_not_finished, check_unchanged
+from fastsgd.records.resumable import check_has_checkpoint, check_not_finished, check_unchanged
 from fastsgd.records.rundir import (
     agree,
     claim,
@@ -231,7 +231,8 @@ class Job:
                     evaluate=for_data(self._evaluate, dataset),
                     strategy=strategy, compressor=codec, simulated=simulated,
                     progress=not self.quiet, resume=self.resume,
-                    fresh_if_none=self._fresh_if_none)
+                    # a folder with checkpoints goes on from one, damaged or not
+                    fresh_if_none=self._fresh_if_none and not steps(run_dir))
         total = plan.total_steps(config["run"]["workers"])
         if self.resume:
             check_not_finished(run_dir, total)
@@ -248,6 +249,8 @@ class Job:
         name = ""
         if transport is None or transport.rank == 0:
             reuse = bool(out) and self._out_given or self.overwrite
+            if self.resume:  # refused before a resume with a config would clear it
+                check_has_checkpoint(Path(out))
             # resume with a config: the folder as it is once it holds a checkpoint (else a
             # fresh start clears it); the checkpoints were removed as an old run's files
             resuming = self.resume and (not self._fresh_if_none or bool(steps(Path(out))))

@@ -31,11 +31,10 @@ from fastsgd.records.checkpoint import (
     gather_digests,
     load,
     rank_file,
-    rng_state,
     save_worker,
-    set_rng_state,
 )
 from fastsgd.records.metrics import write_json
+from fastsgd.records.rng import rng_state, set_rng_state
 from fastsgd.records.rundir import environment, host_names
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from fastsgd.errors import UserError
+from fastsgd.records import manifest
 from fastsgd.transport.base import Transport
 
 FORMAT = 1
@@ -92,16 +93,14 @@ def commit(run_dir: Path, step: int, digests: list[str], keep: int,
     members = list(range(len(digests))) if members is None else members
     by_rank = dict(zip(members, digests))
     workers = workers or len(digests)
-    manifest = {"format": FORMAT, "step": step, "workers": workers,
-                "sha256": [by_rank.get(r) for r in range(workers)]}
-    write_atomic(step_dir(run_dir, step) / "manifest.json",
-                 (json.dumps(manifest, indent=1) + "\n").encode())
+    write_atomic(step_dir(run_dir, step) / manifest.NAME, manifest.encoded(
+        FORMAT, step, workers, [by_rank.get(r) for r in range(workers)]))
     complete = [s for s in steps(run_dir) if s <= step]
     for old in complete[:-keep] if keep else []:
         shutil.rmtree(step_dir(run_dir, old), ignore_errors=True)
     for folder in (Path(run_dir) / FOLDER).glob("step-*"):
         s = _step_of(folder)
-        if s is not None and s < step and not (folder / "manifest.json").exists():
+        if s is not None and s < step and not (folder / manifest.NAME).exists():
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -115,28 +114,33 @@ def _step_of(folder: Path) -> int | None:
 def steps(run_dir: Path) -> list[int]:
     """Steps of the checkpoints that have a manifest, oldest first."""
     root = Path(run_dir) / FOLDER
-    found = [_step_of(f) for f in root.glob("step-*") if (f / "manifest.json").exists()]
+    found = [_step_of(f) for f in root.glob("step-*") if (f / manifest.NAME).exists()]
     return sorted(s for s in found if s is not None)
 
 
 def intact(run_dir: Path, step: int, rank: int, workers: int) -> bytes | None:
     """Worker `rank`'s file of `step`, if the manifest vouches for it; else None, with a
-    line on stderr saying what is wrong. A worker lost before a checkpoint of a run that
-    shrank starts again from the lowest survivor's (allreduce's replicas are alike)."""
-    folder = step_dir(run_dir, step)
+    line on stderr saying what is wrong with the file (of a damaged manifest: agree_step's).
+    A worker lost before a checkpoint of a run that shrank starts again from the lowest
+    survivor's (allreduce's replicas are alike)."""
     try:
-        manifest = json.loads((folder / "manifest.json").read_text())
-        if manifest["workers"] != workers:  # agree_step says so if no checkpoint fits
-            return None
-        if manifest["sha256"][rank] is None:
-            rank = next(r for r, digest in enumerate(manifest["sha256"]) if digest)
-        data = rank_file(run_dir, step, rank).read_bytes()
-    except (OSError, ValueError, KeyError) as e:
-        _warn(f"checkpoint {folder} is unreadable ({e}): using an earlier one")
+        vouched = manifest.read(step_dir(run_dir, step), step)
+    except manifest.Damaged:
         return None
-    if hashlib.sha256(data).hexdigest() != manifest["sha256"][rank]:
-        _warn(f"checkpoint {rank_file(run_dir, step, rank)} does not match its checksum "
-              "(corrupt or truncated): using an earlier one")
+    if vouched["workers"] != workers:  # agree_step says so if no checkpoint fits
+        return None
+    digests = vouched["sha256"]  # one per worker, one at least not None (manifest.read)
+    if digests[rank] is None:
+        rank = next(r for r, digest in enumerate(digests) if digest)
+    path = rank_file(run_dir, step, rank)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        _warn(f"checkpoint {path} is unreadable ({e.strerror or e}): using an earlier one")
+        return None
+    if hashlib.sha256(data).hexdigest() != digests[rank]:
+        _warn(f"checkpoint {path} does not match its checksum (corrupt or truncated): "
+              "using an earlier one")
         return None
     return data
 
@@ -168,28 +172,40 @@ def agree_step(run_dir: Path, transport: Transport,
         proposals = [int(t) for t in transport.all_gather(
             torch.tensor([mine], dtype=torch.int64, device=transport.device))]
         bound = min(proposals)
-        if bound < 0:
-            _refuse_other_workers(run_dir, transport)
-        if bound < 0 and not required:
+        if bound < 0 or all(p == bound for p in proposals):
+            break
+    passed = [(step_dir(run_dir, s), s) for s in candidates if s > bound]
+    for folder, problem in manifest.damaged(passed) if _first_on_node(rank) else []:
+        _warn(f"checkpoint {folder} is unreadable ({problem}): using an earlier one")
+    if bound < 0:
+        _refuse_other_workers(run_dir, transport)
+        if not required:
             return None
-        if bound < 0:
-            raise UserError(f"no complete checkpoint in {Path(run_dir) / FOLDER} for all "
-                            f"{workers} workers (was run.checkpoint_every 0?)")
-        if all(p == bound for p in proposals):
-            data = found[bound]
-            assert data is not None
-            return bound, data
+        raise _none_intact(run_dir, workers, candidates[::-1])
+    data = found[bound]
+    assert data is not None
+    return bound, data
+
+
+def _first_on_node(rank: int) -> bool:
+    """Whether this worker tells what every worker of its node finds alike (a damaged
+    manifest): the node's first (LOCAL_RANK 0), or worker 0 of a simulated run."""
+    return os.environ.get("LOCAL_RANK", str(rank)) == "0"
+
+
+def _none_intact(run_dir: Path, workers: int, held: list[int]) -> UserError:
+    """The line for a resume that found no checkpoint every worker holds intact: there is
+    none (this node holds none), or those there are damaged (said above, one by one)."""
+    where = f"no complete checkpoint in {Path(run_dir) / FOLDER} for all {workers} workers"
+    if not held:
+        return UserError(f"{where} (was run.checkpoint_every 0?)")
+    listed = ", ".join(f"step {s}" for s in held)
+    return UserError(f"{where}: every checkpoint there ({listed}) is damaged or unreadable")
 
 
 def workers_of(run_dir: Path) -> int | None:
     """The number of workers of the newest checkpoint with a readable manifest, if any."""
-    for step in steps(run_dir)[::-1]:
-        try:
-            manifest = json.loads((step_dir(run_dir, step) / "manifest.json").read_text())
-            return int(manifest["workers"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return None
+    return manifest.workers_of([(step_dir(run_dir, s), s) for s in steps(run_dir)[::-1]])
 
 
 def _refuse_other_workers(run_dir: Path, transport: Transport) -> None:
@@ -276,30 +292,3 @@ def _next_attempt(run_dir: Path) -> Path:
             return run_dir / "attempts" / str(n)
         except FileExistsError:
             n += 1
-
-
-def rng_state() -> dict[str, Any]:
-    """Every random stream a step may draw from: torch's (CPU and CUDA), Python's, NumPy's."""
-    import random
-
-    import numpy as np
-
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"torch": torch.get_rng_state(),
-            # this worker's GPU only: a resume may see fewer (CUDA_VISIBLE_DEVICES)
-            "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_initialized() else [],
-            "python": random.getstate(),
-            "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss]}
-
-
-def set_rng_state(saved: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-
-    torch.set_rng_state(saved["torch"])
-    if saved["cuda"]:
-        torch.cuda.set_rng_state(saved["cuda"][0])
-    random.setstate(saved["python"])
-    name, keys, pos, has_gauss, gauss = saved["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))

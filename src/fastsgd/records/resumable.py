@@ -32,14 +32,35 @@ def check_unchanged(run_dir: Path, config: dict) -> None:
                                 "resume with that, or start a new run")
 
 
+def check_has_checkpoint(run_dir: Path) -> None:
+    """A finished run without a checkpoint has nothing to train on from, however many steps
+    are asked for: one line. Checked before the run directory is claimed, where a resume
+    with a config would take a folder without a checkpoint for a run yet to start and clear
+    it, over the finished run's results."""
+    done = finished_steps(run_dir)
+    if done is not None and not steps(run_dir):
+        raise UserError(f"{run_dir} has finished ({done} steps) and has no checkpoint to train "
+                        "on from: to train longer, start a new run (one with "
+                        "run.checkpoint_every set can be resumed)")
+
+
 def check_not_finished(run_dir: Path, total: int) -> None:
     """A run that ended has nothing to resume unless it is asked for more steps. (One whose
-    last checkpoint is its end is told so by the workers, resume.py; this is one that would
-    train its last steps again from an earlier checkpoint.)"""
-    try:
-        done = json.loads((run_dir / "summary.json").read_text())["steps"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # not finished (or its summary is not ours to judge)
-    if isinstance(done, int) and done >= total and max(steps(run_dir), default=0) < total:
+    last checkpoint is its end is told so by the workers, resume.py; one without any
+    checkpoint by check_has_checkpoint; this is one that would train its last steps again
+    from an earlier checkpoint.)"""
+    done = finished_steps(run_dir)
+    if done is not None and done >= total and max(steps(run_dir), default=0) < total:
         raise UserError(f"{run_dir} has finished: its {done} steps are done; to train on, "
                         f"resume with more (--set run.steps={done * 2}, say)")
+
+
+def finished_steps(run_dir: Path) -> int | None:
+    """The steps of a run that finished (its summary.json's), else None: not finished, or
+    its summary is not one of ours to judge by."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    done = summary.get("steps") if isinstance(summary, dict) else None
+    return done if isinstance(done, int) and not isinstance(done, bool) else None
