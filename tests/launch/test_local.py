@@ -13,7 +13,8 @@ import pytest
 from fastsgd.control import interrupt
 from fastsgd.control.interrupt import Stop
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
-from fastsgd.launch.local import Told, _stop, _wait, launch
+from fastsgd.launch.forking import Told
+from fastsgd.launch.local import _stop, _wait, launch
 
 
 def _ping(depth: int = 0) -> int:  # two alternating frames: the trace is not folded

@@ -18,7 +18,8 @@ import pytest
 import fastsgd
 from fastsgd.control.crashes import CRASHES
 from fastsgd.errors import WorkerFailed
-from fastsgd.launch.local import Told, _wait, launch
+from fastsgd.launch.forking import Told
+from fastsgd.launch.local import _wait, launch
 from fastsgd.launch.supervise import supervise
 from tests.launch.plugins import Mismatched, Raising
 

@@ -10,7 +10,7 @@ import pytest
 
 from fastsgd.cli.main import main
 from fastsgd.errors import WorkerFailed
-from fastsgd.launch.local import Told
+from fastsgd.launch.forking import Told
 
 USER = "tests.launch.user_code"
 SIM = ["--quiet", "--no-report", "--set", "data.name=digits", "--set", "model.name=mlp",

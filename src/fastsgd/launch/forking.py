@@ -1,6 +1,6 @@
 """A worker process forked by the launcher (launch.py): how it is started, what it finds in
-its environment, and how a failure of it is told: its own report through the error queue,
-or what its exit code says."""
+its environment, and how a failure of it is told (Told): its own report through the error
+queue, or what its exit code says."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import multiprocessing as mp
 import os
 import signal
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
+from fastsgd.control.crashes import Stacks, building_model, crashed
 from fastsgd.control.interrupt import DONOR_LOST, STOPS, Stop, held, share
 from fastsgd.errors import UserError, WorkerFailed
 from fastsgd.launch.door import GONE, GONE_FAILED
@@ -112,3 +113,37 @@ def failure_of(rank: int, exitcode: int | None, errors: mp.SimpleQueue) -> Excep
     if is_user_error:
         return UserError(message)
     return WorkerFailed(f"worker {first_rank} failed: {message}\n{trace}", rank=first_rank)
+
+
+class Told:
+    """What the launcher tells of worker `rank`'s end (`exitcode`): forking.failure_of (its
+    own report, or its death), unless it crashed (control/crashes.py); a failure that is
+    not a death, with the step it was in (from 1: `progress`, the launcher's count of the
+    steps each worker has done, plus one), or as failed building its model (no step)."""
+
+    def __init__(self, errors: mp.SimpleQueue, progress: Sequence[int] = (),
+                 stacks: Stacks | None = None):
+        self.errors, self.progress, self.stacks = errors, progress, stacks
+
+    def __call__(self, rank: int, exitcode: int | None) -> Exception:
+        if crashed(exitcode):
+            failure = self._crash(rank, exitcode)
+        else:
+            failure = failure_of(rank, exitcode, self.errors)
+        if isinstance(failure, WorkerFailed) and not failure.died and failure.rank is not None:
+            if building_model(str(failure)):
+                return failure.placed(" while building its model")
+            failure.step = self._step(failure.rank)
+        return failure
+
+    def _crash(self, rank: int, exitcode: int) -> WorkerFailed:
+        name = signal.Signals(-exitcode).name
+        stack = self.stacks.read(rank) if self.stacks else ""
+        return WorkerFailed(
+            f"worker {rank} crashed: signal {-exitcode} ({name}) from within the code it ran, "
+            "a bug (a collective whose size differs between workers, say), not a lost "
+            "machine: the run is not restarted"
+            + (f"\nits Python stack as it crashed:\n{stack}" if stack else ""), rank=rank)
+
+    def _step(self, rank: int) -> int | None:
+        return int(self.progress[rank]) + 1 if rank < len(self.progress) else None

@@ -13,7 +13,6 @@ that shrink form their new group through it (transport/shrink.py).
 from __future__ import annotations
 
 import multiprocessing as mp
-import signal
 import socket
 import sys
 import time
@@ -24,11 +23,11 @@ from multiprocessing import connection
 import torch
 import torch.distributed as dist
 
-from fastsgd.control.crashes import Stacks, building_model, crashed
+from fastsgd.control.crashes import Stacks, crashed
 from fastsgd.control.interrupt import DONOR_LOST, Stop, catching
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
 from fastsgd.launch.door import EVERY, Door
-from fastsgd.launch.forking import child, failure_of, forked
+from fastsgd.launch.forking import Told, child, forked
 
 STOP_WITHIN = 4.5  # seconds the workers have to stop on Ctrl-C
 
@@ -125,40 +124,6 @@ def _end(procs: list[mp.process.BaseProcess]) -> None:
     for p in procs:
         if p.pid is not None:  # else never started
             p.join()
-
-
-class Told:
-    """What the launcher tells of worker `rank`'s end (`exitcode`): forking.failure_of (its
-    own report, or its death), unless it crashed (control/crashes.py); a failure that is
-    not a death, with the step it was in (from 1: `progress`, the launcher's count of the
-    steps each worker has done, plus one), or as failed building its model (no step)."""
-
-    def __init__(self, errors: mp.SimpleQueue, progress: Sequence[int] = (),
-                 stacks: Stacks | None = None):
-        self.errors, self.progress, self.stacks = errors, progress, stacks
-
-    def __call__(self, rank: int, exitcode: int | None) -> Exception:
-        if crashed(exitcode):
-            failure = self._crash(rank, exitcode)
-        else:
-            failure = failure_of(rank, exitcode, self.errors)
-        if isinstance(failure, WorkerFailed) and not failure.died and failure.rank is not None:
-            if building_model(str(failure)):
-                return failure.placed(" while building its model")
-            failure.step = self._step(failure.rank)
-        return failure
-
-    def _crash(self, rank: int, exitcode: int) -> WorkerFailed:
-        name = signal.Signals(-exitcode).name
-        stack = self.stacks.read(rank) if self.stacks else ""
-        return WorkerFailed(
-            f"worker {rank} crashed: signal {-exitcode} ({name}) from within the code it ran, "
-            "a bug (a collective whose size differs between workers, say), not a lost "
-            "machine: the run is not restarted"
-            + (f"\nits Python stack as it crashed:\n{stack}" if stack else ""), rank=rank)
-
-    def _step(self, rank: int) -> int | None:
-        return int(self.progress[rank]) + 1 if rank < len(self.progress) else None
 
 
 def _wait(procs: list[mp.process.BaseProcess], told: Told,

@@ -110,7 +110,7 @@ def simulate_plan(plan: Plan, net: Network, faults: Faults) -> None:
 
 def _worker(plan: Plan, t: SimTransport) -> Any:
     """One simulated worker, whose error is told as `fastsgd run` tells a worker process's
-    (launch/forking.py, local.Told): WorkerFailed with its rank, the step it was in (or
+    (launch/forking.py, Told): WorkerFailed with its rank, the step it was in (or
     "while building its model") and its traceback, which is the user's code's. Not a user
     error (one line already), nor the simulator's own ending of a worker (SimAborted)."""
     try:
