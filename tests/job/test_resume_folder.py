@@ -1,6 +1,7 @@
 """`Job(resume=RUN_DIR)`, with or without a config (`fastsgd simulate job.toml --resume
 RUN_DIR`): a finished run or one with checkpoints is never started afresh over its files."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -81,3 +82,14 @@ def test_a_damaged_manifest_is_said_once_and_the_run_goes_on(kept, capsys):
     err = capsys.readouterr().err
     assert err.count("is unreadable") == 1, err
     assert checkpoint.steps(kept)[-1] == 4
+
+
+@pytest.mark.parametrize("options, overwrite, culprit", [
+    ({"run.out": "elsewhere"}, False, "run.out = 'elsewhere' with a resume of "),
+    ({}, True, "overwrite (--overwrite) with a resume of "),
+])
+def test_a_resume_refuses_what_it_would_ignore(kept, options, overwrite, culprit):
+    before = _files(kept)
+    with pytest.raises(UserError, match="^" + re.escape(culprit)):
+        Job(resume=kept, options=options, overwrite=overwrite, quiet=True)
+    assert _files(kept) == before

@@ -16,7 +16,7 @@ from fastsgd.config import schema as cfg
 from fastsgd.config.objects import described, is_import_path, resolve
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.frameworks import brings_its_step, model_loss_step
-from fastsgd.job.config import assembled, resume_config
+from fastsgd.job.config import assembled, check_resume_options, resume_config
 from fastsgd.launch.local import launch
 from fastsgd.launch.preflight import check_job, check_run
 from fastsgd.launch.processes import door_of, expendable, rejoin_steps, train_process
@@ -81,6 +81,7 @@ class Job:
         # restart, as under torchrun --max-restarts)
         self._fresh_if_none = resume is not None and config is not None
         if resume is not None:
+            check_resume_options(Path(resume), options or {}, overwrite)
             config, options = resume_config(Path(resume), config), {
                 **(options or {}), "run.out": str(resume)}
         if is_torch_dataset(data):

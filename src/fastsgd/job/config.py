@@ -54,6 +54,17 @@ def resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Path
     return path
 
 
+def check_resume_options(run_dir: Path, options: dict[str, Any], overwrite: bool) -> None:
+    """A resume goes on in its own folder: another run.out, or overwrite, would be ignored."""
+    out = options.get("run.out")
+    if out and Path(out).resolve() != run_dir.resolve():
+        raise UserError(f"run.out = '{out}' with a resume of {run_dir}: a resume goes on in "
+                        "the run's own folder (copy the folder to resume elsewhere)")
+    if overwrite:
+        raise UserError(f"overwrite (--overwrite) with a resume of {run_dir}: a resume goes "
+                        "on from the run's checkpoint, keeping its folder")
+
+
 def _packed_defaults(raw: dict) -> None:
     """model.packed alone: model.name and model.step are 'packed', the archive's (a model
     or step given besides, by name or as an object, is still refused: Job._packed)."""
