@@ -75,10 +75,16 @@ def _summary_only(folder):
     return folder / "r"
 
 
+def _a_file(folder):
+    (folder / "bench.toml").write_text("")
+    return folder / "bench.toml"
+
+
 @pytest.mark.parametrize("make,says", [
     (lambda d: d, "no run directory in it"),
     (_summary_only, "not a finished run directory (no metrics.jsonl, eval.jsonl)"),
     (lambda d: d / "absent", "no such run or bench directory"),
+    (_a_file, "a file, not a run or bench directory"),
 ])
 def test_what_is_not_a_run_is_one_line(tmp_path, capsys, make, says):
     path = make(tmp_path)

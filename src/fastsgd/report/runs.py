@@ -217,7 +217,9 @@ def find_runs(paths: list[str | Path]) -> list[RunData]:
     runs: list[RunData] = []
     for given in map(Path, paths):
         if not given.is_dir():
-            raise UserError(f"{given}: no such run or bench directory")
+            what = "a file, not a run or bench directory" if given.exists() else \
+                "no such run or bench directory"
+            raise UserError(f"{given}: {what}")
         if (given / "summary.json").exists() or (given / "metrics.jsonl").exists():
             runs.append(load_run(given))
             continue
