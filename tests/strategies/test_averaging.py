@@ -12,10 +12,14 @@ def test_localsgd_with_period_one_plain_sgd_is_allreduce(synthetic, tmp_path):
     assert max_abs_diff(params(local.simulate(4)), params(sync.simulate(4))) < 1e-5
 
 
-def test_localsgd_warmup_is_synchronous(synthetic, tmp_path):
+@pytest.mark.parametrize("codec", [None, "topk"])
+def test_localsgd_warmup_is_synchronous(codec, synthetic, tmp_path):
+    """With a lossy codec and momentum too, where allreduce compresses each step's update
+    (momentum correction) and exchanges it after the optimizer's step."""
     warm = sim_job(synthetic, tmp_path / "w", {"name": "localsgd", "period": 1000,
-                                               "warmup": 50}).simulate(4)
-    sync = sim_job(synthetic, tmp_path / "a", {"name": "allreduce"}).simulate(4)
+                                               "warmup": 50}, compressor=codec).simulate(4)
+    sync = sim_job(synthetic, tmp_path / "a", {"name": "allreduce"},
+                   compressor=codec).simulate(4)
     assert max_abs_diff(params(warm), params(sync)) < 1e-5
 
 

@@ -85,7 +85,10 @@ class LocalSGD(_Periodic):
             self._sync.on_gradients(params, state, ctx)
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
-        if not (ctx.step >= self.warmup and self.due(ctx, self.warmup)):
+        if ctx.step < self.warmup:  # allreduce's half after the step: buffers, and with a
+            self._sync.on_parameters(params, state, ctx)  # lossy codec the update itself
+            return
+        if not self.due(ctx, self.warmup):
             return
         ctx.worked()
         if "anchor" not in state:
