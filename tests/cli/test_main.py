@@ -28,7 +28,7 @@ def fastsgd(*args, cwd=None):
     (["simulate", "--set", "strategy.name=localsgd", "--set", "strategy.period=0"],
      "strategy.period must be >= 1"),
     (["simulate", "--set", "strategy.name=easgd", "--set", "strategy.alpha=1.5"],
-     "strategy.alpha must be in (0, 1)"),
+     "strategy.alpha must be 0 (auto) or in (0, 1)"),
     (["simulate", "--set", "strategy.name=ssp", "--set", "strategy.staleness=1.5"],
      "strategy.staleness must be of type int"),
     (["simulate", "--set", "strategy.name=dpsgd", "--set", "strategy.topology=moebius"],

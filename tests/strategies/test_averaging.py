@@ -1,5 +1,6 @@
 import pytest
 
+import fastsgd as fs
 from tests.conftest import max_abs_diff
 from tests.strategies.helpers import params, sim_job
 
@@ -50,3 +51,19 @@ def test_easgd_with_a_near_exact_codec_moves_like_easgd_without_one(synthetic, t
     fp16 = sim_job(synthetic, tmp_path / "b", strategy, steps=60,
                    **{"compression.name": "fp16"}).simulate(4)
     assert max_abs_diff(params(exact), params(fp16)) < 5e-3
+
+
+def test_easgd_refuses_an_alpha_that_drives_the_centre_away(synthetic, tmp_path):
+    """The gap between the workers' mean and the centre is multiplied each round by
+    1 - (n + 1) alpha: alpha 0.1 at 20 workers is -1.1, and it grows."""
+    job = sim_job(synthetic, tmp_path, {"name": "easgd", "alpha": 0.1}, steps=8)
+    with pytest.raises(fs.UserError, match=r"^strategy.alpha = 0.1 with 20 workers: the centre "
+                                           r"and the workers would drift apart .* take 0.045"):
+        job.simulate(20)
+
+
+def test_easgds_default_alpha_follows_the_workers(synthetic, tmp_path):
+    """0.1 up to 9 workers, then 0.9 / n: 24 workers train where 0.1 would diverge."""
+    result = sim_job(synthetic, tmp_path, {"name": "easgd", "period": 2}, steps=100,
+                     batch=8).simulate(24)
+    assert result.accuracy > 0.6

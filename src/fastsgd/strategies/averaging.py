@@ -26,6 +26,7 @@ import torch
 from fastsgd.compress.base import KINDS
 from fastsgd.compress.collectives import init_all_reduce
 from fastsgd.config.options import Option, at_least, between
+from fastsgd.errors import ConfigError
 from fastsgd.strategies.allreduce import AllReduce
 from fastsgd.strategies.base import Context, StrategyBase
 from fastsgd.strategies.capabilities import Capabilities
@@ -34,8 +35,13 @@ from fastsgd.strategies.params import assign, average, buffer_mask, flatten, mea
 Params = list[torch.nn.Parameter]
 
 
-def _open_interval(v: float) -> str | None:
-    return None if 0 < v < 1 else "must be in (0, 1)"
+def _auto_or_open(v: float) -> str | None:
+    return None if 0 <= v < 1 else "must be 0 (auto) or in (0, 1)"
+
+
+def _auto_alpha(workers: int) -> float:
+    """The default elastic force: 0.1, and n alpha = 0.9 (Zhang et al. 2015) past 9 workers."""
+    return min(0.1, 0.9 / workers)
 
 
 class _Periodic(StrategyBase):
@@ -106,13 +112,26 @@ class EASGD(_Periodic):
         shrinks_real=True,
         drains_at_end=True)  # a round after the last step (ctx.last_step)
     OPTIONS = {**_Periodic.OPTIONS,
-               "alpha": Option(float, 0.1, _open_interval, "elastic force, in (0, 1)")}
+               "alpha": Option(float, 0.0, _auto_or_open,
+                               "elastic force, in (0, 1); 0: min(0.1, 0.9 / workers)")}
 
-    def __init__(self, period: int = 8, alpha: float = 0.1):
+    def __init__(self, period: int = 8, alpha: float = 0.0):
         super().__init__(period)
         self.alpha = alpha
+        self._force = alpha  # the alpha in use: 0's value for the run's workers, from init
+
+    def check(self, world_size: int) -> None:
+        """Each round multiplies the gap between the workers' mean and the centre by
+        1 - (n + 1) alpha: past 2 it grows (Zhang et al. 2015 keep n alpha near 0.9)."""
+        if (world_size + 1) * self.alpha >= 2:
+            raise ConfigError(f"strategy.alpha = {self.alpha} with {world_size} workers: "
+                              "the centre and the workers would drift apart ((workers + 1) "
+                              f"* alpha >= 2); take {_auto_alpha(world_size):.3g}, or 0 for "
+                              "that")
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
+        self.check(ctx.transport.world_size)
+        self._force = self.alpha or _auto_alpha(ctx.transport.world_size)
         return {"center": flatten(params), **_codec_state(params, ctx)}
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
@@ -129,8 +148,8 @@ class EASGD(_Periodic):
             ctx.transport.all_reduce(total)
         # both moves from the distances before either (Zhang et al. 2015, eq. 5-6); and only
         # now: an exchange that failed (a worker died) is redone unchanged
-        assign(params, local - self.alpha * own)
-        center += self.alpha * total
+        assign(params, local - self._force * own)
+        center += self._force * total
         ctx.worked()
 
 
