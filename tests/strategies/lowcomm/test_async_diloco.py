@@ -3,7 +3,9 @@ beyond the staleness bound, bad options, the conformance suite and a GPT smoke r
 
 
 import pytest
+import torch
 
+from fastsgd.strategies.lowcomm.async_diloco import AsyncDiLoCo
 from fastsgd.testing import check_strategy
 from tests.conftest import max_abs_diff
 from tests.strategies.helpers import params, refused_in_one_line, sim_job
@@ -162,3 +164,17 @@ def test_real_processes_asynchronous_end_identical(synthetic, tmp_path):
                      steps=30).run(2)
     assert result.summary["mode"] == "real"
     assert result.summary["consensus_distance"] < 1e-10
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_the_momentum_term_alone_leaves_buffers_at_their_mean(nesterov):
+    """With staleness, each push moves the global parameters by its own change, and the
+    momentum term follows once a round: BatchNorm's running statistics (buffers) are the
+    workers' plain mean (params.buffer_mask), which that term must not move (a running
+    variance of mean 0.5 came out 0.05 before, and below zero with larger changes)."""
+    strategy = AsyncDiLoCo(staleness=2, outer_lr=0.7, outer_momentum=0.9, nesterov=nesterov)
+    strategy._buffers = torch.tensor([False, True])
+    state = {"global": torch.tensor([1.0, 0.5]), "momentum": torch.tensor([0.2, 0.0])}
+    strategy._step(state, torch.tensor([0.1, 0.3]), momentum_too=True, gradient_too=False)
+    assert state["global"][1] == 0.5 and state["momentum"][1] == 0
+    assert state["global"][0] < 1.0  # the parameter did take the momentum term

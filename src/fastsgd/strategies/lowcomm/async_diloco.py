@@ -181,9 +181,11 @@ class AsyncDiLoCo(StrategyBase):
             global_.sub_(update, alpha=self.outer_lr)
         elif gradient_too:
             global_.sub_(g, alpha=self.outer_lr)
-        else:
-            global_.sub_(momentum if before is None else before,
-                         alpha=self.outer_lr * self.momentum)
+        else:  # the momentum term alone: buffers keep the mean their pushes made
+            step = (momentum if before is None else before).clone()
+            if self._buffers is not None:
+                step[self._buffers] = 0
+            global_.sub_(step, alpha=self.outer_lr * self.momentum)
         if self._buffers is not None:  # BatchNorm statistics: the plain mean (params.py)
             plain = self._buffers
             if gradient_too:
