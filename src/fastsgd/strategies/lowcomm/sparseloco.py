@@ -12,8 +12,9 @@ for):
     e <- e - s                               what was not sent waits for the next round
     global <- global - outer_lr mean(s)      the mean over workers (outer_lr = 1)
 
-and every worker restarts from the new global parameters. As in diloco, `period` is not
-scaled to the run: a run shorter than it has one round, after its last step.
+and every worker restarts from the new global parameters. Unlike diloco's default (0,
+scaled to the run), `period` is not scaled: a run shorter than it has one round, after its
+last step.
 
 TopK is chunked: each parameter tensor, flat, is cut into chunks of `chunk` (4096) elements,
 and each chunk keeps its ceil(density * length) largest magnitudes (at least one): 64 of 4096
