@@ -58,6 +58,27 @@ def test_accumulation_sends_once_a_step(tmp_path):
     once = job(tmp_path / "a", **{"run.workers": 4, "run.steps": 3}).simulate()
     twice = job(tmp_path / "b", **{"run.workers": 4, "run.steps": 3, **ACCUMULATE}).simulate()
     assert once.summary["bytes_sent_total"] == twice.summary["bytes_sent_total"] > 0
+    # a step takes both micro-batches: twice the samples (8 each), in the figures too
+    assert (once.summary["global_batch"], twice.summary["global_batch"]) == (32, 64)
+    assert twice.summary["epochs"] == 2 * once.summary["epochs"]
+
+
+class Linear(torch.nn.Module):
+    """No len(), as most models (a Sequential has one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.layer(x.flatten(1))
+
+
+def test_a_compiled_model_trains_and_is_saved(tmp_path):
+    """torch.compile's wrapper refuses len(), so bool() on it: the end must not ask."""
+    result = fs.Job(model=torch.compile(Linear(), backend="eager"), quiet=True,
+                    options={**BASE, "run.steps": 2, "run.out": str(tmp_path)}).simulate(2)
+    assert result.summary["steps"] == 2 and (tmp_path / "model.pt").is_file()
 
 
 @pytest.mark.multiproc

@@ -45,8 +45,9 @@ def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
     if ctx.log.last is None:  # worker 0 was lost after the last evaluation
         ctx.log.take_over()
     # in the simulator, all have handed in: totals waited; a leader that took over after
-    # the last evaluation has its own replica (the run ended averaged, or on its own)
-    model = ctx.log.model[1] or ctx.model
+    # the last evaluation has its own replica (the run ended averaged, or on its own); not
+    # bool(module): a torch.compile'd one refuses len()
+    model = ctx.log.model[1] if ctx.log.model[1] is not None else ctx.model
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loads anywhere
     write_atomically(ctx.plan.run_dir / "model.pt", lambda f: torch.save(state, f))
     written = summary(ctx, training_wall, end, totals.tolist())
@@ -81,7 +82,12 @@ def _rate(ctx: LoopContext, end: float) -> float:
     elif ctx.steps > 1 and state.penultimate is not None:
         steps, seconds = ctx.steps - 1, state.penultimate
     # no time passed (no compute, no network: a model of nothing): no rate, not a rate of 0
-    return steps * ctx.plan.config["data"]["batch_size"] / seconds if seconds > 0 else math.nan
+    return steps * _worker_batch(ctx) / seconds if seconds > 0 else math.nan
+
+
+def _worker_batch(ctx: LoopContext) -> int:
+    """The samples of one of a worker's steps: run.accumulate micro-batches of batch_size."""
+    return ctx.plan.config["data"]["batch_size"] * ctx.accumulate
 
 
 def summary(ctx: LoopContext, wall_time: float, end: float, totals: list[float]) -> dict[str, Any]:
@@ -93,7 +99,7 @@ def summary(ctx: LoopContext, wall_time: float, end: float, totals: list[float])
         "topology": cfg["strategy"].get("topology", "complete"),
         "workers": ctx.world, "steps": ctx.steps,
         "epochs": ctx.steps / ctx.shard.steps_per_epoch,
-        "global_batch": ctx.world * cfg["data"]["batch_size"],
+        "global_batch": ctx.world * _worker_batch(ctx),
         "final_accuracy": number(last[1]), "final_loss": number(last[2]),
         **final_loss_metrics(last[2], ctx.log.kind), "data_kind": ctx.log.kind,
         **targets(ctx.log.target), "time_to_target": ctx.log.time_to_target,
