@@ -250,3 +250,34 @@ def test_a_micro_batch_whose_loss_is_not_finite_skips_the_step(strategy, tmp_pat
     assert bad and result.summary["skipped_steps"] == len(bad)
     assert all(torch.isfinite(p).all() for p in params(result).values())
     assert result.accuracy > 0.8
+
+
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=0.01)
+
+
+def test_the_kit_applies_around_an_optimizer_given_as_a_function(tmp_path):
+    """The schedule and clipping are the loop's, whatever makes the optimizer: with a
+    function given, optimizer.schedule and optimizer.clip_norm still hold."""
+    def run(out, **kit):
+        return fs.Job(optimizer=_adamw, quiet=True,
+                      options={**BASE, "run.out": str(tmp_path / out), **kit}).simulate(2)
+    plain = run("plain")
+    kit = run("kit", **{"optimizer.schedule": "cosine", "optimizer.warmup": 3,
+                        "optimizer.clip_norm": 1e-6})
+    assert kit.summary["final_loss"] != plain.summary["final_loss"]
+    recorded = fs.Job(config=str(tmp_path / "kit" / "config.toml")).config["optimizer"]
+    assert (recorded["schedule"], recorded["warmup"], recorded["clip_norm"]) == ("cosine", 3,
+                                                                                1e-6)
+
+
+@pytest.mark.parametrize("given, key", [
+    ({"optimizer": _adamw}, "optimizer.lr"),
+    ({"strategy": "diloco_object"}, "strategy.period"),
+])
+def test_an_option_that_an_object_given_would_override_is_one_line(given, key, tmp_path):
+    from fastsgd.strategies.diloco import DiLoCo
+
+    given = {k: DiLoCo(period=4) if v == "diloco_object" else v for k, v in given.items()}
+    with pytest.raises(UserError, match=f"^{key} in options, beside the "):
+        fs.Job(**given, options={**BASE, key: 2})

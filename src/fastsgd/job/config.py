@@ -8,6 +8,7 @@ from typing import Any
 
 from fastsgd import pack
 from fastsgd.config import schema as cfg
+from fastsgd.config.keys import KIT_KEYS
 from fastsgd.config.schema import paths_from
 from fastsgd.errors import UserError
 from fastsgd.loop.components import record
@@ -37,7 +38,12 @@ def assembled(config: str | Path | dict | None, options: dict[str, Any],
     for section, values in record(**given, seed=seed).items():
         arg = given.get("compressor" if section == "compression" else section)
         if section in ("optimizer", "strategy", "compression") and not isinstance(arg, str):
-            raw[section] = values  # an object replaces the section: it is all there is
+            _check_not_both(section, options)
+            # an object replaces the section: it is all there is, but for what the loop
+            # does around any optimizer (its schedule, clipping)
+            kit = {k: v for k, v in raw.get(section, {}).items() if k in KIT_KEYS} \
+                if section == "optimizer" else {}
+            raw[section] = {**values, **kit}
         else:
             raw.setdefault(section, {}).update(values)
     _packed_defaults(raw)
@@ -52,6 +58,18 @@ def resume_config(run_dir: Path, config: str | Path | dict | None) -> str | Path
     if not path.is_file():
         raise UserError(f"cannot resume {run_dir}: no config.toml there (not a run directory)")
     return path
+
+
+def _check_not_both(section: str, options: dict[str, Any]) -> None:
+    """An option of a section that an object given to Job fills: the object's would win."""
+    argument = {"compression": "compressor"}.get(section, section)
+    for key in options:
+        name = key.partition(".")[2]
+        if key.startswith(f"{section}.") and name != "name" and name not in (
+                KIT_KEYS if section == "optimizer" else ()):
+            raise UserError(f"{key} in options, beside the {argument} argument, which sets "
+                            f"its own: set it there (or name the {argument} by "
+                            f"{section}.name and keep {key})")
 
 
 def check_resume_options(run_dir: Path, options: dict[str, Any], overwrite: bool) -> None:

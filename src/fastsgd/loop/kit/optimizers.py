@@ -54,10 +54,11 @@ def _check_applies(section: dict[str, Any]) -> None:
     """A key set that the built-in optimizer named would ignore: refused in one line."""
     name = section["name"]
     adam = name in ("adam", "adamw")
-    if adam and section["nesterov"]:
+    if adam and section.get("nesterov"):
         raise ConfigError(f"optimizer.nesterov applies to optimizer.name = 'sgd', not "
                           f"'{name}' (Adam's momentum is optimizer.betas)")
-    if not adam and list(section["betas"]) != SCHEMA["optimizer"]["betas"].default:
+    betas = list(section.get("betas", SCHEMA["optimizer"]["betas"].default))
+    if not adam and betas != SCHEMA["optimizer"]["betas"].default:
         raise ConfigError(f"optimizer.betas applies to optimizer.name = 'adam' or 'adamw', "
                           f"not '{name}' (SGD's momentum is optimizer.momentum)")
 
