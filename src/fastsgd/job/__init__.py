@@ -30,7 +30,7 @@ from fastsgd.loop.components import (
     model_factory,
 )
 from fastsgd.loop.kit.optimizers import OptimizerFn, optimizer_from_config
-from fastsgd.loop.language import for_data, gpt_factory
+from fastsgd.loop.language import for_data, gpt_factory, step_for_data
 from fastsgd.loop.plan import EvalFn, Plan, StepFn, evaluate_classifier
 from fastsgd.loop.results import Result, result_of
 from fastsgd.pack import PACKED, PackedFactory
@@ -141,7 +141,7 @@ class Job:
         config = self.config
         dataset = self._dataset(config)
         return pack.pack(config, self._model_factory(config, dataset),
-                         for_data(self._step, dataset), dataset, out)
+                         step_for_data(self._step, dataset), dataset, out)
 
     def run(self, workers: int | None = None) -> Result:
         """Train on real processes: `workers` local processes, or, under torchrun, this
@@ -228,7 +228,7 @@ class Job:
                  codec: Compressor, simulated: bool, transport: TorchTransport | None) -> Plan:
         config = cfg.merged(config, CHOICES, run={"out": str(run_dir)})
         plan = Plan(config=config, run_dir=run_dir, dataset=dataset, make_model=make_model,
-                    make_optimizer=self._optimizer, step=for_data(self._step, dataset),
+                    make_optimizer=self._optimizer, step=step_for_data(self._step, dataset),
                     evaluate=for_data(self._evaluate, dataset),
                     strategy=strategy, compressor=codec, simulated=simulated,
                     progress=not self.quiet, resume=self.resume,

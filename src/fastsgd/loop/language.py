@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fastsgd.errors import UserError
+from fastsgd.frameworks.base import model_loss_step
 from fastsgd.loop.plan import Batch, cross_entropy_step, evaluate_classifier, kept_modes
 from fastsgd.loop.regression import evaluate_mse, mse_step
 from fastsgd.workloads.data import test_batches
@@ -24,8 +25,7 @@ EVAL_BATCH = 32  # windows per evaluation forward
 def next_token_step(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Mean cross-entropy of the next token over the batch's windows."""
     ids = batch[0].long()
-    logits = model(ids[:, :-1])
-    _check_logits(logits, ids)
+    logits = _logits(model(ids[:, :-1]), ids, "step")
     return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
 
 
@@ -38,8 +38,7 @@ def evaluate_next_token(model: torch.nn.Module, dataset: Dataset,
         model.eval()
         for x, _ in test_batches(dataset.test_x, dataset.test_y, EVAL_BATCH):
             ids = x.to(device).long()
-            logits = model(ids[:, :-1])
-            _check_logits(logits, ids)
+            logits = _logits(model(ids[:, :-1]), ids, "evaluate")
             logits, targets = logits.flatten(0, 1).float(), ids[:, 1:].flatten()
             correct += int((logits.argmax(1) == targets).sum())
             loss += float(F.cross_entropy(logits, targets, reduction="sum"))
@@ -47,14 +46,23 @@ def evaluate_next_token(model: torch.nn.Module, dataset: Dataset,
     return correct / count, loss / count
 
 
-def _check_logits(logits: object, ids: torch.Tensor) -> None:
+def _logits(out: object, ids: torch.Tensor, which: str) -> torch.Tensor:
+    """The logits in a model's output: the tensor itself, or the first of a tuple (nanoGPT's
+    (logits, loss)), or a mapping's or an object's `logits` (Hugging Face's outputs)."""
+    if isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    elif isinstance(out, dict) and "logits" in out:
+        out = out["logits"]
+    elif not isinstance(out, torch.Tensor) and isinstance(getattr(out, "logits", None),
+                                                         torch.Tensor):
+        out = out.logits
     b, t = ids.shape[0], ids.shape[1] - 1
-    if not (isinstance(logits, torch.Tensor) and logits.ndim == 3
-            and tuple(logits.shape[:2]) == (b, t)):
-        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise UserError(f"the default step of a language model needs a model returning "
+    if not (isinstance(out, torch.Tensor) and out.ndim == 3 and tuple(out.shape[:2]) == (b, t)):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserError(f"the default {which} of a language model needs a model returning "
                         f"logits of shape (batch, tokens, vocabulary) = ({b}, {t}, V); this "
-                        f"one returned {got}: pass step=")
+                        f"one returned {got}: pass {which}=")
+    return out
 
 
 def for_data(fn: Callable[..., Any], dataset: Dataset) -> Callable[..., Any]:
@@ -67,6 +75,23 @@ def for_data(fn: Callable[..., Any], dataset: Dataset) -> Callable[..., Any]:
         return {cross_entropy_step: mse_step, evaluate_classifier: evaluate_mse}.get(fn, fn)
     return {cross_entropy_step: next_token_step,
             evaluate_classifier: evaluate_next_token}.get(fn, fn)
+
+
+def step_for_data(step: Callable[..., Any], dataset: Dataset) -> Callable[..., Any]:
+    """for_data's step; a user's on tokens takes its windows as int64 ids (_with_ids), not
+    one whose model brings its loss and takes the data as it is (JAX, a packed job)."""
+    chosen = for_data(step, dataset)
+    if dataset.kind in ("images", REGRESSION) or chosen is not step or step is model_loss_step:
+        return chosen
+    return _with_ids(step)
+
+
+def _with_ids(step: Callable[..., Any]) -> Callable[..., Any]:
+    """A user's step on tokens gets its windows as int64 ids, as nanoGPT's get_batch gives
+    them (held as uint8 or int32 to save memory): embeddings and cross_entropy want them."""
+    def step_on_ids(model: torch.nn.Module, batch: Batch) -> Any:
+        return step(model, (batch[0].long(), *batch[1:]))
+    return step_on_ids
 
 
 def gpt_factory(section: dict[str, Any], dataset: Dataset) -> Callable[[], torch.nn.Module]:
