@@ -69,3 +69,20 @@ def test_a_model_without_logits_names_the_evaluate_its_default_cannot_score(tmp_
     with pytest.raises(UserError, match=r"^the default evaluate of a language model needs .* "
                                         r"this one returned str: pass evaluate="):
         _loss(tmp_path, Returns, step=lambda model, batch: model.head.weight.sum())
+
+
+class Pairs(torch.utils.data.Dataset):
+    """nanoGPT's (x, y) windows, y the shift of x."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        window = torch.arange(i, i + 17) % 256
+        return window[:-1], window[1:]
+
+
+def test_a_dataset_of_shifted_pairs_is_told_to_give_one_window(tmp_path):
+    with pytest.raises(UserError, match=r"got shape \(38, 16\) \(for a language model, give "
+                                        r"each sample as one tensor of model.context \+ 1"):
+        fs.Job(model=Logits, data=Pairs(), options={"run.out": str(tmp_path)})

@@ -71,8 +71,11 @@ def _tensor(data: Dataset, key: str, shape: str) -> Tensor:
                         f"{shape}; got a {name}{hint}")
     dims = (1, 2) if key.endswith("_y") and data.kind == REGRESSION else (1,)
     if (value.dim() not in dims) if key.endswith("_y") else (value.dim() < 2):
+        pairs = key.endswith("_y") and value.dim() == 2 and not value.is_floating_point()
+        hint = (" (for a language model, give each sample as one tensor of model.context + "
+                "1 token ids, not nanoGPT's (x, y) pair: the step shifts it)") if pairs else ""
         raise UserError(f"Dataset '{data.name}': {key} must be a torch.Tensor of shape "
-                        f"{shape}; got shape {tuple(value.shape)}")
+                        f"{shape}; got shape {tuple(value.shape)}{hint}")
     return value
 
 
