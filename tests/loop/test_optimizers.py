@@ -101,7 +101,10 @@ def test_the_printed_resume_command_goes_on_with_a_users_model_optimizer_and_str
     shutil.rmtree(checkpoint.step_dir(stopped, 6))
     for name in ("summary.json", "model.pt"):
         (stopped / name).unlink()
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    # the user's module, then conftest's path: the resume runs this checkout, not whatever
+    # fastsgd is installed (a shared editable install pointing at another tree differed)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "fastsgd", "simulate", "--resume",
                            str(stopped), "--quiet", "--no-report"], capture_output=True,
                           text=True, timeout=300, env=env, cwd=tmp_path)

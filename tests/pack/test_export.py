@@ -120,8 +120,9 @@ def test_a_model_that_fails_on_the_batch_prints_nothing_but_the_error(tmp_path):
         "import torch.nn as nn\n\n\ndef make():\n"
         "    return nn.Sequential(nn.Flatten(), nn.Linear(100, 10))\n")
     (tmp_path / "job.toml").write_text('[model]\nname = "badmodel:make"\n[data]\nname = "digits"\n')
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-m", "fastsgd", "pack", "job.toml"], cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": path}, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 2
     assert done.stderr.startswith("fastsgd: error: model.step cannot be exported")
