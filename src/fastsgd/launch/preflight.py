@@ -93,8 +93,10 @@ def _on_cpu(config: dict, strategy: Strategy, simulated: bool,
             device: torch.device | None) -> bool:
     """Whether the workers run on the CPU, asked without starting CUDA: a process forked
     after torch.cuda.is_available() cannot use CUDA (transport/rendezvous.py)."""
-    if simulated or device is not None:
-        return simulated or device.type != "cuda"
+    if simulated:
+        return True
+    if device is not None:
+        return device.type != "cuda"
     return pick_backend(backend_of(config, strategy), local=config["run"]["workers"]) != "nccl"
 
 

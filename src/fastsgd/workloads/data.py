@@ -165,7 +165,7 @@ def _user_dataset(name: str) -> object:
     try:
         return factory()
     except TypeError as e:  # a built-in whose signature cannot be read wants arguments
-        if inspect.isbuiltin(factory) or not inspect.isfunction(factory):
+        if not inspect.isfunction(factory):
             raise ConfigError(f"data.name = '{name}': {e}; {wanted}") from None
         raise
 
