@@ -13,6 +13,7 @@ import torch
 import fastsgd as fs
 from fastsgd.errors import UserError
 from fastsgd.loop.kit.optimizers import optimizer_from_config
+from fastsgd.loop.kit.schedule import factor
 from fastsgd.records import checkpoint
 from tests.conftest import max_abs_diff
 
@@ -281,3 +282,18 @@ def test_an_option_that_an_object_given_would_override_is_one_line(given, key, t
     given = {k: DiLoCo(period=4) if v == "diloco_object" else v for k, v in given.items()}
     with pytest.raises(UserError, match=f"^{key} in options, beside the "):
         fs.Job(**given, options={**BASE, key: 2})
+
+
+def test_metrics_log_the_scheduled_rate_and_the_norm_before_clipping(tmp_path):
+    """metrics.jsonl: each step's learning rate as the schedule set it; with clipping, the
+    gradient's norm before it (what a practitioner tunes clip_norm from)."""
+    result = job(tmp_path / "kit", **SCHEDULE, **CLIP, **{"run.workers": 2}).simulate()
+    rows = [m for m in result.metrics() if m["rank"] == 0]
+    section = {"schedule": "cosine", "warmup": 3, "min_lr": 0.005, "lr": 0.05}
+    want = [0.05 * factor(m["step"] - 1, 12, section, 0.005 / 0.05) for m in rows]
+    assert [m["lr"] for m in rows] == pytest.approx(want, rel=1e-9)
+    assert len(set(m["lr"] for m in rows)) > 6  # it moved: warmup, then decay
+    assert all(m["grad_norm"] > 0 for m in rows)
+    plain = job(tmp_path / "plain", **{"run.workers": 2, "run.steps": 2}).simulate()
+    assert all("grad_norm" not in m for m in plain.metrics())
+    assert plain.loss == plain.summary["final_loss"] > 0

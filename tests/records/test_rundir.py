@@ -18,7 +18,7 @@ from fastsgd.records.metrics import PHASES
 from fastsgd.records.rundir import claim, hold, release
 from fastsgd.strategies import CHOICES
 
-METRIC_KEYS = {"step", "rank", "time", "loss", *PHASES, "bytes_sent", "bytes_received",
+METRIC_KEYS = {"step", "rank", "time", "loss", "lr", *PHASES, "bytes_sent", "bytes_received",
                "staleness"}
 SUMMARY_KEYS = {"strategy", "compressor", "topology", "workers", "steps", "final_accuracy",
                 "time_to_target", "wall_to_target", "wall_time", "simulated_time",

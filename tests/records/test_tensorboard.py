@@ -45,7 +45,7 @@ def test_tensorboard_reads_one_run_per_job_with_a_tag_per_rank(runs):
     run = fs.Result(None, runs / "dpsgd")
     tags = set(mux.Runs()["dpsgd"]["scalars"])
     assert {f"loss/rank{r}" for r in range(3)} <= tags
-    assert {"accuracy", "eval_loss", "consensus", "bytes_sent/rank2"} <= tags
+    assert {"accuracy", "eval_loss", "consensus", "bytes_sent/rank2", "lr/rank1"} <= tags
     losses = [(e.step, e.value) for e in mux.Scalars("dpsgd", "loss/rank1")]
     rows = sorted((m["step"], m["loss"]) for m in run.metrics() if m["rank"] == 1)
     assert losses == [(s, pytest.approx(v)) for s, v in rows]

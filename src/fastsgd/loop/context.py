@@ -47,6 +47,7 @@ class LoopContext:
         self.precision = Precision(plan.config["run"]["precision"], self.t.device)
         self.accumulate = plan.config["run"]["accumulate"]
         self.clip_norm = plan.config["optimizer"].get("clip_norm", 0.0)
+        self.grad_norm: torch.Tensor | None = None  # the last clipped step's, before clipping
         run = plan.config["run"]
         # in simulation, flushed by lines only: the file's order must not depend on wall time
         self.metrics = JsonLines(plan.run_dir / "metrics.jsonl",

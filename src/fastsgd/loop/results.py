@@ -155,6 +155,11 @@ class Result:
     def accuracy(self) -> float | None:
         return self.summary["final_accuracy"] if self.summary else None
 
+    @property
+    def loss(self) -> float | None:
+        """The final validation loss (null in summary.json, None here, if not finite)."""
+        return self.summary["final_loss"] if self.summary else None
+
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.run_dir / "metrics.jsonl")
 

@@ -153,9 +153,12 @@ def step(ctx: LoopContext, k: int) -> float:
 
 def log_step(ctx: LoopContext, k: int, loss: float, when: float, timings: tuple[float, ...],
              traffic: tuple[int, int]) -> None:
-    """Step `k`'s line in metrics.jsonl: its loss, its phases' times, its bytes."""
+    """Step `k`'s line in metrics.jsonl: its loss, learning rate (and the gradient's norm
+    before clipping, where optimizer.clip_norm is set), its phases' times, its bytes."""
+    norm = {} if ctx.grad_norm is None else {"grad_norm": float(ctx.grad_norm)}
     ctx.metrics.write({
         "step": k + 1, "rank": ctx.rank, "time": round(when, 9), "loss": loss,
+        "lr": float(ctx.optimizer.param_groups[0]["lr"]), **norm,
         **{phase: round(s, 9) for phase, s in zip(PHASES, timings)},  # to the ns
         "bytes_sent": traffic[0], "bytes_received": traffic[1],
         "staleness": ctx.replica.ctx.stats.get("staleness", 0)})
@@ -167,7 +170,9 @@ def update(ctx: LoopContext, k: int, charged: Callable[[], None]) -> None:
     `charged()` (transport.offload)."""
     ctx.schedule.apply(ctx.optimizer, k)
     if ctx.clip_norm:
-        torch.nn.utils.clip_grad_norm_(ctx.weights, ctx.clip_norm, foreach=True)
+        # kept as a tensor: read (a device sync) only on the steps that are logged
+        ctx.grad_norm = torch.nn.utils.clip_grad_norm_(ctx.weights, ctx.clip_norm,
+                                                       foreach=True)
     ctx.optimizer.step()
     # free the gradients now, not at the next step: 1 MB less per simulated MLP worker
     # while it waits for the others, and the next worker's backward takes the memory

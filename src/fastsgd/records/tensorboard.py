@@ -1,7 +1,8 @@
 """TensorBoard event files of a run, written from its metrics.jsonl and eval.jsonl while it
 runs (every few seconds, by the worker that evaluates) and when it ends: per-rank scalars
-(loss, bytes sent and received, staleness) and the representative model's evaluations
-(accuracy, loss, perplexity, bits per byte for byte-level text, consensus distance).
+(loss, learning rate, gradient norm where clipped, bytes sent and received, staleness) and
+the representative model's evaluations (accuracy, loss, perplexity, bits per byte for
+byte-level text, consensus distance).
 
 One file per run, in the run directory itself, so `tensorboard --logdir runs` shows one run
 per job (named by its folder), each rank a tag (`loss/rank3`). The event time is the run's
@@ -28,7 +29,7 @@ FLOAT_MAX = 3.4028234663852886e38
 PREFIX = "events.out.tfevents."
 SUFFIX = ".fastsgd"  # ours: replaced when the run is written again (a resumed run)
 LIVE_EVERY = 5.0  # s between updates of a running run's event file (TensorBoard reloads every 5)
-PER_RANK = ("loss", "bytes_sent", "bytes_received", "staleness")
+PER_RANK = ("loss", "lr", "grad_norm", "bytes_sent", "bytes_received", "staleness")
 PER_EVAL = {"accuracy": "accuracy", "loss": "eval_loss", "perplexity": "perplexity",
             "bits_per_byte": "bits_per_byte",  # byte-level text only
             "consensus_distance": "consensus"}
