@@ -50,7 +50,7 @@ from fastsgd.transport.torch_dist import TorchTransport
 from fastsgd.workloads.data import load_dataset
 from fastsgd.workloads.dataset import Dataset
 from fastsgd.workloads.models import build_model
-from fastsgd.workloads.torch_data import from_torch, is_torch_dataset
+from fastsgd.workloads.torch_data import data_argument
 
 ModelArg = str | Callable[[], torch.nn.Module] | torch.nn.Module
 
@@ -62,7 +62,9 @@ class Job:
     Objects given here are recorded in the run's config.toml as what they are (see
     components.py). A run never overwrites another unless `options` names `run.out` or
     `overwrite` is set (see rundir.py). As `fastsgd run` does, a run ends with its report
-    (RUN_DIR/report/) and its summary printed, unless `quiet` (or `report=False`)."""
+    (RUN_DIR/report/) and its summary printed, unless `quiet` (or `report=False`).
+    `validation`, a torch dataset beside a torch dataset as `data`, is what evaluation
+    scores; without it every 20th sample of `data` is held out (said in one line)."""
 
     def __init__(self, model: ModelArg | None = None, optimizer: OptimizerFn | None = None,
                  step: StepFn | None = None, data: str | Dataset | Any = None,
@@ -70,7 +72,7 @@ class Job:
                  compressor: str | Compressor | None = None, evaluate: EvalFn | None = None,
                  config: str | Path | dict | None = None, options: dict[str, Any] | None = None,
                  quiet: bool = False, overwrite: bool = False, resume: str | Path | None = None,
-                 report: bool | None = None):
+                 report: bool | None = None, validation: Any = None):
         if not isinstance(options, dict | None):  # else a TypeError deep in config.py
             raise UserError(f"options must be a dict of 'section.key': value; got "
                             f"{described(options)}")
@@ -84,11 +86,7 @@ class Job:
             check_resume_options(Path(resume), options or {}, overwrite)
             config, options = resume_config(Path(resume), config), {
                 **(options or {}), "run.out": str(resume)}
-        if is_torch_dataset(data):
-            data = from_torch(data)
-        elif not isinstance(data, str | Dataset | None):  # never the default in its place
-            raise UserError(f"data must be a dataset's name, a fastsgd.data.Dataset or a "
-                            f"torch dataset (map-style or iterable); got {described(data)}")
+        data = data_argument(data, validation, quiet)
         given = {"model": model, "step": step, "evaluate": evaluate, "optimizer": optimizer,
                  "data": data, "strategy": strategy, "compressor": compressor}
         self.config, options = assembled(config, options or {}, given)

@@ -2,8 +2,8 @@
 once into a `Dataset`: samples that are (x, y) pairs are a classification set (integer y)
 or a regression (floating-point y: a number or a vector per sample); samples
 that are one integer tensor each, of one length, are windows of token ids (a language
-model's: the model scores each token after the first). Every HOLD_EVERY-th sample is held
-out for evaluation, the same ones in every run."""
+model's: the model scores each token after the first). Evaluation takes the samples of
+`validation=`, or else every HOLD_EVERY-th sample, the same ones in every run."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import IterableDataset
 
+from fastsgd.config.objects import described
 from fastsgd.errors import UserError
 from fastsgd.workloads.dataset import Dataset
 from fastsgd.workloads.kinds import REGRESSION
@@ -28,30 +29,76 @@ def is_torch_dataset(obj: Any) -> bool:
     return isinstance(obj, (TorchDataset, IterableDataset))
 
 
-def from_torch(data: Any) -> Dataset:
-    """`data`'s samples as a Dataset (module docstring), or one line saying why not."""
+def data_argument(data: Any, validation: Any, quiet: bool) -> Any:
+    """Job's `data` (a name, a Dataset, a torch dataset, or None) and `validation` (a torch
+    dataset beside a torch dataset), checked: a name, a Dataset or None."""
+    if is_torch_dataset(data):
+        return from_torch(data, validation, quiet)
+    if validation is not None:
+        raise UserError("validation= goes with a torch dataset given as data=; a fastsgd "
+                        "Dataset holds its own validation split (test_x, test_y), and a "
+                        "named one has its split built in")
+    if not isinstance(data, str | Dataset | None):  # never the default in its place
+        raise UserError(f"data must be a dataset's name, a fastsgd.data.Dataset or a "
+                        f"torch dataset (map-style or iterable); got {described(data)}")
+    return data
+
+
+def from_torch(data: Any, validation: Any = None, quiet: bool = False) -> Dataset:
+    """`data`'s samples as a Dataset (module docstring), evaluated on `validation`'s
+    (another torch dataset of the same kind) or, without it, on every HOLD_EVERY-th sample
+    of `data`'s, which is said in one line unless `quiet`; or one line saying why not."""
     name = type(data).__name__
     samples = _samples(data, name)
-    if len(samples) < 2:
-        raise UserError(f"the torch dataset {name} holds {len(samples)} samples; at least 2 "
-                        "are needed (one is held out for evaluation)")
-    held = [i % HOLD_EVERY == HOLD_EVERY - 1 or i == len(samples) - 1 and len(samples) < 20
-            for i in range(len(samples))]
-    first = samples[0]
+    if not samples:
+        raise UserError(f"the torch dataset {name} holds no samples")
+    if validation is None:
+        held = [i % HOLD_EVERY == HOLD_EVERY - 1 for i in range(len(samples))]
+        if len(samples) < 2:
+            raise UserError(f"the torch dataset {name} holds 1 sample; at least 2 are "
+                            "needed (one is held out for evaluation), or pass validation=")
+        if not any(held):
+            held[-1] = True
+        test = [s for s, h in zip(samples, held) if h]
+        samples = [s for s, h in zip(samples, held) if not h]
+        about = {"validation": f"{len(test)} samples held out of {name}'s "
+                               f"{len(samples) + len(test)} (every {HOLD_EVERY}th)"}
+        if not quiet:
+            print(f"fastsgd: {about['validation']} for evaluation; pass validation= (a torch "
+                  "dataset) to evaluate on your own", flush=True)
+    else:
+        if not is_torch_dataset(validation):
+            raise UserError(f"validation must be a torch dataset (map-style or iterable), "
+                            f"as data= is; got {described(validation)}")
+        test = _samples(validation, f"{type(validation).__name__} (validation=)")
+        if not test:
+            raise UserError(f"the validation dataset {type(validation).__name__} holds no "
+                            "samples")
+        about = {"validation": f"{type(validation).__name__}, {len(test)} samples"}
+    return _assembled(name, samples, test, about)
+
+
+def _assembled(name: str, train: list[Any], test: list[Any], about: dict) -> Dataset:
+    """The Dataset of `train`'s and `test`'s samples, which must be of one kind."""
+    first = train[0] if train else test[0]
     if isinstance(first, Tensor):
-        return _windows(samples, held, name)
+        return _windows(name, _stacked(train, name, "token windows"),
+                        _stacked(test, name, "token windows (validation)"), about)
     if not (isinstance(first, (tuple, list)) and len(first) == 2):
         raise UserError(f"the torch dataset {name} yields {type(first).__name__}; fastsgd "
                         "takes samples that are (x, y) pairs or tensors of token ids")
-    x = _stacked([s[0] for s in samples], name, "x")
-    y = _stacked([torch.as_tensor(s[1]) for s in samples], name, "y")
-    keep = torch.tensor([not h for h in held])
+    if not all(isinstance(s, (tuple, list)) and len(s) == 2 for s in test):
+        raise UserError(f"the validation dataset's samples are not (x, y) pairs, as "
+                        f"{name}'s are")
+    x, y = (_stacked([s[i] for s in train], name, what) for i, what in ((0, "x"), (1, "y")))
+    tx, ty = (_stacked([s[i] for s in test], name, f"{what} (validation)")
+              for i, what in ((0, "x"), (1, "y")))
     if y.is_floating_point():  # targets to fit, not labels
         outputs = 1 if y.dim() == 1 else int(y[0].numel())
-        y = y.reshape(len(y), outputs) if y.dim() > 2 else y
-        return Dataset(name, x[keep], y[keep], x[~keep], y[~keep], outputs, kind=REGRESSION)
-    return Dataset(name, x[keep], y[keep], x[~keep], y[~keep],
-                   int(y.max()) + 1 if len(y) else 1)
+        y, ty = (t.reshape(len(t), outputs) if t.dim() > 2 else t for t in (y, ty))
+        return Dataset(name, x, y, tx, ty, outputs, kind=REGRESSION, about=about)
+    classes = int(max(y.max(), ty.max())) + 1 if len(y) else 1
+    return Dataset(name, x, y, tx, ty, classes, about=about)
 
 
 def _samples(data: Any, name: str) -> list[Any]:
@@ -82,15 +129,15 @@ def _stacked(values: list[Any], name: str, what: str) -> Tensor:
                         f"one tensor ({str(e).splitlines()[0]})") from None
 
 
-def _windows(samples: list[Tensor], held: list[bool], name: str) -> Dataset:
+def _windows(name: str, x: Tensor, test: Tensor, about: dict) -> Dataset:
     """Token windows: integer tensors of one length, at least 2 tokens."""
-    x = _stacked(samples, name, "token windows")
-    if x.dim() != 2 or x.is_floating_point() or x.shape[1] < 2:
-        raise UserError(f"the torch dataset {name} yields tensors of shape "
-                        f"{tuple(x.shape[1:])} and type {str(x.dtype)[6:]}; a sample that is "
-                        "one tensor must be a window of at least 2 integer token ids")
-    keep = torch.tensor([not h for h in held])
-    vocab = int(x.max()) + 1
-    zeros = torch.zeros(len(x), dtype=torch.uint8)
-    return Dataset(name, x[keep], zeros[keep], x[~keep], zeros[~keep], vocab, kind="tokens",
-                   default_steps=DEFAULT_STEPS)
+    for windows in (x, test):
+        if windows.dim() != 2 or windows.is_floating_point() or windows.shape[1] < 2:
+            raise UserError(f"the torch dataset {name} yields tensors of shape "
+                            f"{tuple(windows.shape[1:])} and type {str(windows.dtype)[6:]}; a "
+                            "sample that is one tensor must be a window of at least 2 "
+                            "integer token ids")
+    vocab = int(max(x.max(), test.max())) + 1
+    return Dataset(name, x, torch.zeros(len(x), dtype=torch.uint8), test,
+                   torch.zeros(len(test), dtype=torch.uint8), vocab, kind="tokens",
+                   default_steps=DEFAULT_STEPS, about=about)
