@@ -39,6 +39,7 @@ def check_job(config: dict, dataset: Dataset, strategy: Strategy, codec: Compres
     if strategy.name == "ddp" and step is model_loss_step:
         raise UserError(NO_DDP)
     _check_momentum_once(codec, config["optimizer"])
+    _check_clipping(strategy, config["optimizer"])
     check_optimizer = hook(strategy, "check_optimizer")
     if check_optimizer is not None:  # on a probe: before any worker starts
         check_optimizer(make_optimizer([torch.nn.Parameter(torch.zeros(1))]), codec)
@@ -108,3 +109,14 @@ def _check_momentum_once(codec: Compressor, optimizer: dict[str, Any]) -> None:
         raise UserError(f"compression.name = '{codec.name}' applies momentum itself "
                         f"(compression.momentum = {momentum}): set optimizer.momentum = 0, "
                         f"not {optimizer['momentum']}")
+
+
+def _check_clipping(strategy: Strategy, optimizer: dict[str, Any]) -> None:
+    """optimizer.clip_norm clips what the strategy leaves in p.grad. DeMo leaves its update
+    there (strategies/lowcomm/demo.py), not a gradient: sign(Q), whose norm is sqrt(N) at
+    every step, so that clipping it only lowers the learning rate (Q with sign = false)."""
+    clip = optimizer.get("clip_norm", 0.0)
+    if clip > 0 and getattr(strategy, "name", None) == "demo":
+        raise ConfigError(f"optimizer.clip_norm = {clip} would clip what strategy.name = "
+                          "'demo' leaves in p.grad, its update sign(Q), not a gradient: set "
+                          "optimizer.clip_norm = 0")

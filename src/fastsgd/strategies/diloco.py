@@ -28,8 +28,13 @@ at once, restarting all workers from the global parameters: the replicas end ide
 
 The pseudo-gradient crosses the wire in any codec whose collective can average it
 (compress/collectives.py `all_reduce_mean`): fp16/bf16, the quantizers (`qsgd` with
-`levels`, `onebit`, `sign`), sparse (`topk`, `randomk`) and `powersgd`, with their
-error-feedback state kept per fragment in the strategy's state. `dgc` is refused: its
+`levels`, `onebit`, `sign`), sparse (`topk`, `randomk`) and `powersgd`, each fragment with its
+own codec state (error feedback's residual where the codec keeps one: onebit, sign, topk,
+randomk and powersgd by default, qsgd only with `error_feedback = true`, fp16/bf16 never).
+Floating-point buffers (BatchNorm's running statistics) bypass the codec: an exact all-reduce
+beside it, as `allreduce` averages them, so every worker restarts from their exact mean (a
+codec's error there, e.g. qsgd's noise, could take a running variance below zero, and error
+feedback would carry statistics from round to round). `dgc` is refused: its
 momentum correction is a second momentum on top of the outer Nesterov momentum, and its
 sparsity warm-up counts messages as if they were steps. With the exact codec an overlapped
 sync is a background all-reduce (`transport.all_reduce(async_op=True)`) waited for tau steps
@@ -37,7 +42,8 @@ later; a lossy codec's collective does not run in the background: its mean is co
 step s and applied after step s + tau, which is the same arithmetic (as `ssp` does).
 
 State (plain tensors, so it checkpoints): `global` (the flat global parameters), `momentum`
-(the outer momentum buffer), and with a lossy codec `codec`, one codec state per fragment.
+(the outer momentum buffer), and with a lossy codec `codec`, one codec state per fragment
+(of its parameters: not of its buffers).
 A sync in flight is a runtime handle, as in `ssp`: it is not part of the state (save a
 checkpoint where no sync is in flight, e.g. with `overlap = 0`).
 """
@@ -134,12 +140,22 @@ class DiLoCo(StrategyBase):
         self._slices = [(starts[a], starts[b]) for a, b in self._groups]
         start = flatten(params)  # every replica starts from rank 0's parameters
         self._buffers = buffer_mask(params)
+        # fragment -> which of its elements are buffers (None: none are)
+        self._plain = [None if self._buffers is None or not self._buffers[a:b].any()
+                       else self._buffers[a:b] for a, b in self._slices]
         state: dict[str, Any] = {"global": start, "momentum": torch.zeros_like(start)}
         if ctx.compressor.kind != "exact":
             n = ctx.transport.world_size
-            state["codec"] = [init_all_reduce(ctx.compressor, start[a:b], n)
-                              for a, b in self._slices]
+            coded = [self._coded(f, start[a:b]) for f, (a, b) in enumerate(self._slices)]
+            state["codec"] = [init_all_reduce(ctx.compressor, c, n) if c.numel() else {}
+                              for c in coded]  # {}: a fragment of buffers only
         return state
+
+    def _coded(self, f: int, fragment: torch.Tensor) -> torch.Tensor:
+        """The elements of fragment f (a slice of the flat vector) that the codec carries:
+        all but the buffers."""
+        plain = self._plain[f]
+        return fragment if plain is None else fragment[~plain]
 
     def offset(self, fragment: int) -> int:
         """Fragment p's schedule is shifted by floor(p H / P) steps."""
@@ -170,11 +186,26 @@ class DiLoCo(StrategyBase):
         a, b = self._slices[f]
         pseudo = state["global"][a:b] - self._local(f, params)
         if "codec" in state:  # the mean, now
-            mean = all_reduce_mean(pseudo, ctx.compressor, state["codec"][f], ctx.transport)
+            mean = self._lossy_mean(f, pseudo, state["codec"][f], ctx)
             self._in_flight[f] = (ctx.step, ctx.step + delay, mean, Done())
         else:  # the sum, in the background while `delay` inner steps run
             handle = ctx.transport.all_reduce(pseudo, async_op=delay > 0)
             self._in_flight[f] = (ctx.step, ctx.step + delay, pseudo, handle)
+
+    def _lossy_mean(self, f: int, pseudo: torch.Tensor, codec: dict[str, Any],
+                    ctx: Context) -> torch.Tensor:
+        """The workers' mean of fragment f's pseudo-gradient: its parameters through the
+        codec, its buffers (if any) by an exact all-reduce, whose bytes the transport counts."""
+        plain = self._plain[f]
+        if plain is None:
+            return all_reduce_mean(pseudo, ctx.compressor, codec, ctx.transport)
+        mean = torch.empty_like(pseudo)
+        exact = pseudo[plain]  # a copy (boolean indexing)
+        ctx.transport.all_reduce(exact, average=True)
+        mean[plain] = exact
+        if not plain.all():  # (a fragment of buffers only has nothing for the codec)
+            mean[~plain] = all_reduce_mean(pseudo[~plain], ctx.compressor, codec, ctx.transport)
+        return mean
 
     def _land(self, f: int, params: Params, state: dict[str, Any], ctx: Context) -> None:
         """The outer step on fragment f; the worker's fragment then moves to the result."""

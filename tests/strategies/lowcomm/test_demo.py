@@ -183,6 +183,8 @@ def test_bad_input_is_one_line_naming_the_key(settings, message, synthetic, tmp_
 @pytest.mark.parametrize("options, message", [
     ({"optimizer.name": "adam"}, "strategy.name = 'demo' applies sign.*optimizer.name = 'sgd'"),
     ({"compression.name": "topk"}, "compression.name = 'topk'.*takes exact codecs"),
+    # it would clip sign(Q), the update DeMo leaves in p.grad, not a gradient
+    ({"optimizer.clip_norm": 1.0}, r"^optimizer.clip_norm = 1.0 .*strategy.name = 'demo'"),
 ])
 def test_other_optimizers_and_codecs_are_refused(options, message, synthetic, tmp_path):
     refused_in_one_line(

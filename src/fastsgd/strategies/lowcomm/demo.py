@@ -22,9 +22,9 @@ stay. SGD's weight decay on sign(Q) is p <- p (1 - lr wd) - lr sign(Q): the pape
 decoupled weight decay, exactly. Differences from the paper's code: its momentum adds lr g,
 not g (the same with a constant lr: top-k and sign do not see the scale); and it averages a
 coefficient over the workers that sent it, not over all of them (scatter_reduce "mean"),
-which is not the mean of the workers' q that the paper writes. Note that optimizer.clip_norm
-clips sign(Q); leave it 0. A Replica built without `optimizer=` cannot zero its momentum:
-give it SGD with momentum 0.
+which is not the mean of the workers' q that the paper writes. optimizer.clip_norm > 0 is
+refused before the workers start (launch/preflight.py): it would clip sign(Q), not a gradient.
+A Replica built without `optimizer=` cannot zero its momentum: give it SGD with momentum 0.
 
 On the wire, each step: one all-gather of one buffer per worker, the kept coefficients' values
 (in the parameters' dtype) then their indices inside their chunk (int16, int32 where a chunk
