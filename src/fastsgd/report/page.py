@@ -12,6 +12,7 @@ from typing import Any
 
 from fastsgd.errors import UserError
 from fastsgd.report import plots
+from fastsgd.report.clocks import clock_note
 from fastsgd.report.runs import RunData
 from fastsgd.report.table import (
     SEED_COLUMNS,
@@ -33,7 +34,8 @@ ONLY_IF_DRAWN = ("loss_time.png", "loss_bytes.png")  # language models, loss tar
 STYLE = """body{font-family:sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #bbb;padding:3px 6px}
 th{background:#eee}td{text-align:right}td:first-child,td:nth-child(2){text-align:left}
-img{max-width:100%;display:block;margin:.5em 0 1.5em}.note{color:#666;font-size:13px}"""
+img{max-width:100%;display:block;margin:.5em 0 1.5em}.note{color:#666;font-size:13px}
+.clocks{font-weight:bold;color:#a40}"""
 
 
 def write_report(runs: list[RunData], out: str | Path, title: str = "fastsgd report",
@@ -108,8 +110,11 @@ def _html(title: str, runs: list[RunData], tables: list[tuple[list[dict[str, Any
           images: list[tuple[str, str, bytes | None]]) -> str:
     (table, columns), (seeds, seed_columns) = tables
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-             f"</title><style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
-             _table(table, columns, "runs")]
+             f"</title><style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
+    note = clock_note(r["clock"] for r in table)  # times on different clocks
+    if note:
+        parts.append(f"<p class='clocks'>{html.escape(note)}</p>")
+    parts.append(_table(table, columns, "runs"))
     if seeds:
         parts += ["<h2>Over seeds (MLPerf: the fastest and slowest dropped)</h2>",
                   _table(seeds, seed_columns, "seeds")]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastsgd.records.metrics import PHASES
+from fastsgd.report.clocks import AXIS, CLOCKS
 from fastsgd.report.runs import RunData
 from fastsgd.workloads.kinds import LOSS_KINDS, REGRESSION
 
@@ -19,16 +20,19 @@ WIDTH, HEIGHT, DPI = 7.0, 4.0, 100
 LEGEND_MAX = 12  # curves named in a legend
 
 
-def _figure(draw: Callable[[Any], None], height: float = HEIGHT,
-            width: float = WIDTH) -> bytes:
+def _figure(draw: Callable[..., None], height: float = HEIGHT, width: float = WIDTH,
+            panels: int = 1) -> bytes:
+    """A PNG of `draw(ax, ...)` on `panels` plots side by side, which share their y axis."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(width if panels == 1 else 0.7 * width * panels, height), dpi=DPI,
+                 layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.grid(alpha=0.3)
-    draw(ax)
+    axes = fig.subplots(1, panels, sharey=True, squeeze=False)[0]
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    draw(*axes)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     return buffer.getvalue()
@@ -54,6 +58,30 @@ def _lines(runs: list[RunData], series: Callable[[RunData], list[tuple[float, fl
     return _figure(draw)
 
 
+def _time_lines(runs: list[RunData], series: Callable[[RunData], list[tuple[float, float]]],
+                ylabel: str) -> bytes | None:
+    """Curves against time: one panel per clock (simulated, measured, unknown), each with
+    its own time axis, since seconds of one are not seconds of another; a run keeps its
+    colour across panels."""
+    curves = [(r.clock, r.name, points, f"C{i % 10}")
+              for i, r in enumerate(runs) if (points := series(r))]
+    panels = [(clock, [c[1:] for c in curves if c[0] == clock]) for clock in CLOCKS]
+    panels = [(clock, lines) for clock, lines in panels if lines]
+    if not panels:
+        return None
+
+    def draw(*axes: Any) -> None:
+        for ax, (clock, lines) in zip(axes, panels):
+            for name, points, colour in lines:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o" if len(points) < 20 else None, label=name,
+                        color=colour)
+            ax.set_xlabel(AXIS[clock])
+            _legend(ax, len(lines))
+        axes[0].set_ylabel(ylabel)
+    return _figure(draw, panels=len(panels))
+
+
 def log_axis(axis: Any, low: float, high: float) -> None:
     """A log scale for values from `low` to `high` (linear below 1, where 0 bytes lies),
     ticked densely enough to read: every digit within a decade, 1, 2 and 5 over a few, each
@@ -71,10 +99,8 @@ def log_axis(axis: Any, low: float, high: float) -> None:
 
 def accuracy_vs_time(runs: list[RunData]) -> bytes | None:
     runs = _with_accuracy(runs)
-    clocks = {r.clock for r in runs}
-    return _lines(runs, lambda r: [(e["time"], e["accuracy"]) for e in r.evals],
-                  f"training time (s, {' or '.join(sorted(clocks))})",
-                  "test accuracy") if runs else None
+    return _time_lines(runs, lambda r: [(e["time"], e["accuracy"]) for e in r.evals],
+                       "test accuracy")
 
 
 def _with_accuracy(runs: list[RunData]) -> list[RunData]:
@@ -104,12 +130,10 @@ def loss_vs_time(runs: list[RunData]) -> bytes | None:
     """The validation loss against time, for runs with a loss target or a language model's
     data (text, tokens); None if there are none."""
     chosen = _scored_by_loss(runs)
-    clocks = {r.clock for r in chosen}
-    return _lines(chosen, lambda r: [(e["time"], e["loss"]) for e in r.evals
-                                     if isinstance(e.get("loss"), int | float)
-                                     and math.isfinite(e["loss"])],
-                  f"training time (s, {' or '.join(sorted(clocks))})",
-                  _loss_axis(chosen)) if chosen else None
+    return _time_lines(chosen, lambda r: [(e["time"], e["loss"]) for e in r.evals
+                                          if isinstance(e.get("loss"), int | float)
+                                          and math.isfinite(e["loss"])],
+                       _loss_axis(chosen))
 
 
 def accuracy_vs_bytes(runs: list[RunData]) -> bytes | None:
@@ -120,28 +144,33 @@ def accuracy_vs_bytes(runs: list[RunData]) -> bytes | None:
 
 def consensus_vs_time(runs: list[RunData]) -> bytes | None:
     series = [r for r in runs if any(e.get("consensus_distance") for e in r.evals)]
-    return _lines(series, lambda r: [(e["time"], e["consensus_distance"]) for e in r.evals
-                                     if e.get("consensus_distance") is not None],
-                  "training time (s)", "consensus distance") if series else None
+    return _time_lines(series, lambda r: [(e["time"], e["consensus_distance"])
+                                          for e in r.evals
+                                          if e.get("consensus_distance") is not None],
+                       "consensus distance")
 
 
 def breakdown(table: list[dict[str, Any]]) -> bytes | None:
     """Stacked bars: the mean time per step of each phase, one bar per run."""
     if not table:
         return None
+    clocks = {r["clock"] for r in table}  # one: named on the axis; else beside each bar
+    mark = (lambda r: f" ({r['clock']})") if len(clocks) > 1 else (lambda r: "")
 
     def draw(ax: Any) -> None:
         left = [0.0] * len(table)
-        labels = [f"{r['strategy']}/{r['codec']} x{r['workers']}\n{r['run']}" for r in table]
+        labels = [f"{r['strategy']}/{r['codec']} x{r['workers']}\n{r['run']}{mark(r)}"
+                  for r in table]
         for phase in PHASES:
             widths = [r[f"{phase}_ms"] for r in table]
             ax.barh(labels, widths, left=left, label=phase)
             left = [a + b for a, b in zip(left, widths)]
-        ax.set_xlabel("ms per step (mean over workers and steps)")
+        clock = next(iter(clocks)) if len(clocks) == 1 else "each run's own clock"
+        ax.set_xlabel(f"ms per step (mean over workers and steps; {clock})")
         ax.invert_yaxis()
         ax.legend(fontsize="small", ncols=len(PHASES), loc="lower center",
                   bbox_to_anchor=(0.5, 1.0))
-    longest = max(len(r["run"]) for r in table)  # room for the labels beside the bars
+    longest = max(len(r["run"] + mark(r)) for r in table)  # room for the labels beside the bars
     return _figure(draw, height=max(HEIGHT, 1.5 + 0.45 * len(table)),
                    width=WIDTH + 0.07 * longest)
 

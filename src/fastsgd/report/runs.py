@@ -14,15 +14,18 @@ from typing import Any
 from fastsgd.config.schema import read_toml
 from fastsgd.errors import UserError
 from fastsgd.records.metrics import PHASES
+from fastsgd.report.clocks import clock_of
 
 NEEDED = ("summary.json", "metrics.jsonl", "eval.jsonl")
 # what the report reads of summary.json (wall_to_target, target_accuracy: runs before
 # 2026-11-28 lack them; target, target_loss, final_perplexity, final_bits_per_byte,
 # data_kind: runs before loss targets (2026-12) lack them, and their target is
-# target_accuracy's)
+# target_accuracy's; a summary without mode or simulated_time is on the clock its
+# environment.json's backend says, else an unknown one: clocks.clock_of)
 SUMMARY = ("strategy", "compressor", "workers", "steps", "epochs", "final_accuracy",
-           "time_to_target", "wall_time", "simulated_time", "samples_per_second",
-           "bytes_sent_total", "consensus_distance")
+           "time_to_target", "wall_time", "samples_per_second", "bytes_sent_total",
+           "consensus_distance")
+NUMBERS = (*SUMMARY[2:], "simulated_time")  # numbers or null where the summary has them
 LABELS = "labels.json"  # {folder name: label}, beside a bench's cell folders
 DEPTH = 3  # how far below a bench directory run directories are looked for
 # what the tables and plots read of each line of metrics.jsonl and eval.jsonl
@@ -52,17 +55,21 @@ class RunData:
 
     @property
     def clock(self) -> str:
-        """What the time columns count: "simulated" or "wall" seconds."""
-        return "simulated" if self.summary["simulated_time"] is not None else "wall"
+        """What its times count: "simulated", "measured" (wall) or "unknown" seconds."""
+        return clock_of(self.summary, self.environment)
 
     @property
     def target(self) -> tuple[str, float] | None:
         """(metric, value) of the run's target ("accuracy" or "loss"), or None."""
         return target_of(self.summary)
 
-    def training_time(self) -> float:
+    def training_time(self) -> float | None:
+        """Seconds of training on the run's clock (None: a simulation whose summary does not
+        hold its simulated time)."""
         s = self.summary
-        return s["simulated_time"] if s["simulated_time"] is not None else s["wall_time"]
+        if s.get("simulated_time") is not None:
+            return s["simulated_time"]
+        return None if self.clock == "simulated" else s["wall_time"]
 
     def bytes_until(self) -> list[tuple[int, float]]:
         """(step, bytes sent by all workers up to it), from the logged steps. With
@@ -141,7 +148,7 @@ def load_run(path: str | Path) -> RunData:
     if absent:
         raise UserError(f"{path / 'summary.json'}: not a fastsgd run summary (no "
                         f"{', '.join(absent)})")
-    wrong = [key for key in SUMMARY[2:] if summary[key] is not None
+    wrong = [key for key in NUMBERS if summary.get(key) is not None
              and (not isinstance(summary[key], (int, float)) or isinstance(summary[key], bool))]
     if wrong:
         raise UserError(f"{path / 'summary.json'}: a damaged file ({wrong[0]} is "

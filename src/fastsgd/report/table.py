@@ -15,6 +15,7 @@ from typing import Any
 
 from fastsgd.loop.profiling import KEYS as PROFILED
 from fastsgd.records.metrics import PHASES
+from fastsgd.report.clocks import clock_note
 from fastsgd.report.runs import RunData, describe, reached
 from fastsgd.report.text import human_bytes, phase_breakdown
 from fastsgd.workloads.kinds import LOSS_KINDS, REGRESSION
@@ -88,7 +89,7 @@ def epochs_to_target(run: RunData) -> float | None:
 
 
 def job_key(run: RunData, ignore: tuple[str, ...] = ("workers", "out")) -> str:
-    """The run's mode (real or simulated) and configuration but for the run.* keys in
+    """The run's clock (measured or simulated) and configuration but for the run.* keys in
     `ignore`, where it is written and, with a profiled compute model, the times each run
     measured: runs of one job match."""
     config = copy.deepcopy(run.config)
@@ -98,7 +99,7 @@ def job_key(run: RunData, ignore: tuple[str, ...] = ("workers", "out")) -> str:
     if compute.get("model") == "profile":
         for key in PROFILED:
             compute.pop(key, None)
-    return json.dumps([run.summary.get("mode"), config], sort_keys=True, default=str)
+    return json.dumps([run.clock, config], sort_keys=True, default=str)
 
 
 def scaling_efficiency(runs: list[RunData]) -> list[float | None]:
@@ -196,8 +197,8 @@ MARKDOWN = (  # header, how to show a row's value
     ("strategy / codec", lambda r: f"{r['strategy']} / {r['codec']}"),
     ("workers", lambda r: str(r["workers"])),
     ("accuracy", lambda r: _maybe(r["final_accuracy"], "{:.2%}")),
-    ("time to target", lambda r: _seconds(r["time_to_target_s"], r["clock"])
-     if r["target_accuracy"] else ""),
+    ("clock", lambda r: r["clock"]),  # of the times right of it: simulated, measured
+    ("time to target", lambda r: _seconds(r["time_to_target_s"]) if r["target_accuracy"] else ""),
     ("epochs to target", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),
     ("samples/s", lambda r: _maybe(r["samples_per_s"], "{:,.0f}")),
     ("bytes sent", lambda r: human_bytes(r["bytes_sent"])),
@@ -214,8 +215,8 @@ SEEDS_MARKDOWN = (
     ("seeds", lambda r: str(r["seeds"])),
     ("accuracy (mean ± sd)", lambda r: _maybe(r["accuracy_mean"], "{:.2%}")
      + _maybe(r["accuracy_sd"], " ± {:.2%}")),
-    ("time to target (MLPerf)", lambda r: _seconds(r["time_to_target_s"], r["clock"])
-     if r["target"] else ""),
+    ("clock", lambda r: r["clock"]),
+    ("time to target (MLPerf)", lambda r: _seconds(r["time_to_target_s"]) if r["target"] else ""),
     ("epochs to target (MLPerf)", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),
     ("samples/s (mean)", lambda r: _maybe(r["samples_per_s"], "{:,.0f}")),
 )
@@ -225,7 +226,7 @@ def _time_column(table: list[dict[str, Any]], key: str, header: str, scored: str
     """The time-to-target column: "time to loss 2.00" where every row has that target;
     else "time to target", each cell naming its own."""
     def seconds(r: dict[str, Any]) -> str:
-        return _seconds(r[scored], r["clock"])
+        return _seconds(r[scored])
     named = {r[key] for r in table if r[key]}
     if len(named) <= 1:
         return (header.replace("target", named.pop() if named else "target"),
@@ -242,7 +243,7 @@ def markdown_columns(table: list[dict[str, Any]]) -> tuple:
     """MARKDOWN for these rows: the time to their target named, and the final loss,
     perplexity and bits per byte for runs that have a loss target or learn text."""
     columns = list(MARKDOWN)
-    columns[4] = _time_column(table, "target", "time to target", "time_to_target_s")
+    columns[5] = _time_column(table, "target", "time to target", "time_to_target_s")
     if _loss_shown(table):
         extra = [("loss", lambda r: _maybe(r["final_loss"], "{:.4f}"))]
         if any(r.get("final_perplexity") is not None for r in table):
@@ -258,21 +259,25 @@ def markdown_columns(table: list[dict[str, Any]]) -> tuple:
 def seed_columns(seeds: list[dict[str, Any]]) -> tuple:
     """SEEDS_MARKDOWN for these rows (as markdown_columns)."""
     columns = list(SEEDS_MARKDOWN)
-    columns[3] = _time_column(seeds, "about", "time to target (MLPerf)", "time_to_target_s")
+    columns[4] = _time_column(seeds, "about", "time to target (MLPerf)", "time_to_target_s")
     if any(r.get("target_metric") == "loss" for r in seeds):
         columns.insert(3, ("loss (mean)", lambda r: _maybe(r["loss_mean"], "{:.4f}")))
     return tuple(columns)
 
 
 def to_markdown(table: list[dict[str, Any]], columns: tuple | None = None) -> str:
+    """The table; the runs' own (columns None) has above it the note that their times are
+    on different clocks, where they are (clocks.clock_note)."""
+    note = clock_note(r["clock"] for r in table) if columns is None else ""
     columns = markdown_columns(table) if columns is None else columns
-    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines = [note, ""] if note else []
+    lines += ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(show(r) for _, show in columns) + " |" for r in table]
     return "\n".join(lines) + "\n"
 
 
-def _seconds(value: float | None, clock: str) -> str:
-    return "not reached" if value is None else f"{value:.2f} s {clock}"
+def _seconds(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.2f} s"
 
 
 def _maybe(value: float | None, form: str) -> str:

@@ -82,8 +82,8 @@ def _loss(s: dict) -> str:
 def text_report(run_dir: str | Path) -> str:
     run_dir = Path(run_dir)
     s = json.loads((run_dir / "summary.json").read_text())
-    clock = s["simulated_time"] if s["simulated_time"] is not None else s["wall_time"]
-    kind = "simulated" if s["mode"] == "simulated" else "wall"
+    simulated = s.get("simulated_time")  # a summary may predate it: its wall time, then
+    clock, kind = (simulated, "simulated") if simulated is not None else (s["wall_time"], "wall")
     lines = [
         f"strategy {s['strategy']} | compressor {s['compressor']} | "
         f"{plural(s['workers'], 'worker')} | {plural(s['steps'], 'step')} "
