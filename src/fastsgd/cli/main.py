@@ -1,4 +1,4 @@
-"""`fastsgd run|simulate|demo|join|report|bench|topology|keys`: the command line. User errors
+"""`fastsgd run|simulate|demo|join|report|bench|sample|topology|keys`: the command line. User errors
 end in one line, exit code 2."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from fastsgd.cli import sample
 from fastsgd.errors import Interrupted, UserError, WorkerFailed
 
 USAGE_EXAMPLES = """examples:
@@ -21,6 +22,7 @@ USAGE_EXAMPLES = """examples:
   fastsgd join runs/sgp-20261126-101500                      take a lost worker's place
   fastsgd report runs/a runs/b --out cmp                     tables, plots, one HTML page
   fastsgd bench sweep.toml --jobs 2                          a matrix of runs, then a report
+  fastsgd sample runs/diloco-20261126-101500 --prompt "def "  text from a run's GPT
   fastsgd pack train.py --out job.fsj                        a job without its source
   fastsgd run job.fsj --data fashion_mnist                   train it
   fastsgd keys                                               every config key
@@ -65,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     _pack_parser(sub)
     _report_parser(sub)
     _bench_parser(sub)
+    sample.add_parser(sub)
     return parser
 
 
@@ -234,6 +237,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _report(args)
     if args.command == "join":
         return _join(args)
+    if args.command == "sample":
+        return sample.run(args)
     if args.command == "pack":
         return _pack(args)
     if args.command == "bench":

@@ -22,6 +22,7 @@ from fastsgd.records.metrics import (
     write_atomically,
     write_json,
 )
+from fastsgd.records.trained import sample
 
 
 def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
@@ -159,6 +160,11 @@ class Result:
     def loss(self) -> float | None:
         """The final validation loss (null in summary.json, None here, if not finite)."""
         return self.summary["final_loss"] if self.summary else None
+
+    def sample(self, prompt: str = "", tokens: int = 200, **options: Any) -> str:
+        """Text drawn from the run's GPT: `prompt` and `tokens` more (options: temperature,
+        top_k, seed; records/trained.py)."""
+        return sample(self.run_dir, prompt, tokens, **options)
 
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.run_dir / "metrics.jsonl")

@@ -89,3 +89,25 @@ def _init(module: nn.Module) -> None:
 def parameter_count(model: nn.Module) -> int:
     """Parameters, each tied one once."""
     return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def generate(model: GPT, ids: Tensor, new_tokens: int, temperature: float = 0.8,
+             top_k: int = 0, generator: torch.Generator | None = None) -> Tensor:
+    """`ids` (1-D) followed by `new_tokens` drawn one at a time, each from the model's
+    next-token distribution on the last `model.context` tokens: sharpened by `temperature`
+    (0: always the likeliest), cut to the `top_k` likeliest (0: all), drawn from
+    `generator`. No key-value cache: the models fastsgd trains on a CPU are small."""
+    model.eval()
+    out = ids.reshape(1, -1)
+    for _ in range(new_tokens):
+        logits = model(out[:, -model.context:])[0, -1].float()
+        if temperature == 0:
+            chosen = logits.argmax().reshape(1)
+        else:
+            logits = logits / temperature
+            if 0 < top_k < len(logits):
+                logits[logits < logits.topk(top_k).values[-1]] = -math.inf
+            chosen = torch.multinomial(logits.softmax(0), 1, generator=generator)
+        out = torch.cat([out, chosen.reshape(1, 1)], 1)
+    return out[0]
