@@ -67,10 +67,10 @@ def test_an_example_runs_as_module_class_and_is_recorded(case, command, tmp_path
         assert {k: config[section][k] for k in keys} == keys
     assert f"| {label} | 2 |" in (out / "report" / "report.md").read_text()
     events = list(out.glob(PREFIX + "*"))
-    # the header, then loss, bytes sent and received and staleness per rank and step, and
-    # accuracy, its loss and the consensus per evaluation
+    # the header, then loss, lr, bytes sent and received and staleness per rank and step,
+    # and accuracy, its loss and the consensus per evaluation
     assert len(events) == 1
-    assert _tensorboard_records(events[0]) == 1 + 4 * 2 * STEPS + 4 * (STEPS // 10)
+    assert _tensorboard_records(events[0]) == 1 + 5 * 2 * STEPS + 4 * (STEPS // 10)
 
 
 @pytest.mark.multiproc
