@@ -15,6 +15,12 @@
 
 With a lossy codec, what the three all-reduce is the change since a point all workers share
 (the last average, the centre, the global model), compressed with error feedback.
+Floating-point buffers (BatchNorm's running statistics) bypass the codec: their change goes
+in an exact all-reduce beside it (params.lossy_mean), as diloco's does, so they move as with
+the exact codec: `localsgd` and `bmuf` restart every worker from their exact mean, `easgd`
+pulls them toward an exact centre. Through the codec, qsgd's noise could take a running
+variance below zero, and error feedback would carry statistics from round to round. The
+codec's state (`average_codec`) is of the parameter elements only.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from fastsgd.errors import ConfigError
 from fastsgd.strategies.allreduce import AllReduce
 from fastsgd.strategies.base import Context, StrategyBase
 from fastsgd.strategies.capabilities import Capabilities
-from fastsgd.strategies.params import assign, average, buffer_mask, flatten, mean_change
+from fastsgd.strategies.params import assign, average, buffer_mask, coded, flatten, mean_change
 
 Params = list[torch.nn.Parameter]
 
@@ -52,6 +58,12 @@ class _Periodic(StrategyBase):
 
     def __init__(self, period: int = 8):
         self.period = period
+        self._buffers: torch.Tensor | None = None  # params.buffer_mask, set by init
+
+    def _mean_change(self, params: Params, anchor: torch.Tensor, state: dict[str, Any],
+                     ctx: Context) -> torch.Tensor:
+        """The workers' mean change since `anchor`: the codec's, buffers exact beside it."""
+        return mean_change(params, anchor, ctx, state["average_codec"], self._buffers)
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         return {}
@@ -84,7 +96,9 @@ class LocalSGD(_Periodic):
         self._sync = AllReduce(overlap=False)
 
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
-        return {**self._sync.init(params, ctx), **_codec_state(params, ctx, "anchor")}
+        self._buffers = buffer_mask(params)
+        return {**self._sync.init(params, ctx),
+                **_codec_state(params, ctx, self._buffers, "anchor")}
 
     def on_gradients(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         if ctx.step < self.warmup:
@@ -100,7 +114,7 @@ class LocalSGD(_Periodic):
         if "anchor" not in state:
             assign(params, average(params, ctx.transport))
             return
-        state["anchor"] += mean_change(params, state["anchor"], ctx, state["average_codec"])
+        state["anchor"] += self._mean_change(params, state["anchor"], state, ctx)
         assign(params, state["anchor"])
 
 
@@ -132,7 +146,8 @@ class EASGD(_Periodic):
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         self.check(ctx.transport.world_size)
         self._force = self.alpha or _auto_alpha(ctx.transport.world_size)
-        return {"center": flatten(params), **_codec_state(params, ctx)}
+        self._buffers = buffer_mask(params)
+        return {"center": flatten(params), **_codec_state(params, ctx, self._buffers)}
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         if not self.due(ctx):
@@ -141,8 +156,7 @@ class EASGD(_Periodic):
         local = flatten(params)
         own = local - center
         if "average_codec" in state:
-            total = ctx.transport.world_size * mean_change(params, center, ctx,
-                                                           state["average_codec"])
+            total = ctx.transport.world_size * self._mean_change(params, center, state, ctx)
         else:
             total = own.clone()
             ctx.transport.all_reduce(total)
@@ -173,13 +187,14 @@ class BMUF(_Periodic):
     def init(self, params: Params, ctx: Context) -> dict[str, Any]:
         start = flatten(params)
         self._buffers = buffer_mask(params)
-        return {"global": start, "delta": torch.zeros_like(start), **_codec_state(params, ctx)}
+        return {"global": start, "delta": torch.zeros_like(start),
+                **_codec_state(params, ctx, self._buffers)}
 
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         if not self.due(ctx):
             return
         if "average_codec" in state:
-            block_update = mean_change(params, state["global"], ctx, state["average_codec"])
+            block_update = self._mean_change(params, state["global"], state, ctx)
         else:
             block_update = average(params, ctx.transport) - state["global"]
         mean = state["global"] + block_update
@@ -194,10 +209,14 @@ class BMUF(_Periodic):
         ctx.worked()
 
 
-def _codec_state(params: Params, ctx: Context, anchor: str = "") -> dict[str, Any]:
-    """With a lossy codec: its state for the averaged vector (and a shared anchor)."""
+def _codec_state(params: Params, ctx: Context, buffers: torch.Tensor | None,
+                 anchor: str = "") -> dict[str, Any]:
+    """With a lossy codec: its state for the averaged vector's parameter elements (the
+    buffers go beside it, exactly), and a shared anchor."""
     if ctx.compressor.kind == "exact":
         return {}
     start = flatten(params)
-    state = {"average_codec": init_all_reduce(ctx.compressor, start, ctx.transport.world_size)}
+    part = coded(start, buffers)
+    state = {"average_codec": init_all_reduce(ctx.compressor, part, ctx.transport.world_size)
+             if part.numel() else {}}  # {}: a model of buffers only
     return {**state, anchor: start} if anchor else state

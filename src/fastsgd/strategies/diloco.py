@@ -56,12 +56,12 @@ from typing import Any
 import torch
 
 from fastsgd.compress.base import KINDS, Compressor
-from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
+from fastsgd.compress.collectives import init_all_reduce
 from fastsgd.config.options import Option, at_least, between, positive
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.strategies.base import Context, StrategyBase, scaled_period
 from fastsgd.strategies.capabilities import Capabilities
-from fastsgd.strategies.params import buffer_mask, flatten
+from fastsgd.strategies.params import buffer_mask, coded, flatten, lossy_mean
 from fastsgd.transport.base import Done, Handle
 
 Params = list[torch.nn.Parameter]
@@ -146,16 +146,10 @@ class DiLoCo(StrategyBase):
         state: dict[str, Any] = {"global": start, "momentum": torch.zeros_like(start)}
         if ctx.compressor.kind != "exact":
             n = ctx.transport.world_size
-            coded = [self._coded(f, start[a:b]) for f, (a, b) in enumerate(self._slices)]
+            parts = [coded(start[a:b], plain) for plain, (a, b) in zip(self._plain, self._slices)]
             state["codec"] = [init_all_reduce(ctx.compressor, c, n) if c.numel() else {}
-                              for c in coded]  # {}: a fragment of buffers only
+                              for c in parts]  # {}: a fragment of buffers only
         return state
-
-    def _coded(self, f: int, fragment: torch.Tensor) -> torch.Tensor:
-        """The elements of fragment f (a slice of the flat vector) that the codec carries:
-        all but the buffers."""
-        plain = self._plain[f]
-        return fragment if plain is None else fragment[~plain]
 
     def offset(self, fragment: int) -> int:
         """Fragment p's schedule is shifted by floor(p H / P) steps."""
@@ -186,26 +180,11 @@ class DiLoCo(StrategyBase):
         a, b = self._slices[f]
         pseudo = state["global"][a:b] - self._local(f, params)
         if "codec" in state:  # the mean, now
-            mean = self._lossy_mean(f, pseudo, state["codec"][f], ctx)
+            mean = lossy_mean(pseudo, self._plain[f], ctx, state["codec"][f])
             self._in_flight[f] = (ctx.step, ctx.step + delay, mean, Done())
         else:  # the sum, in the background while `delay` inner steps run
             handle = ctx.transport.all_reduce(pseudo, async_op=delay > 0)
             self._in_flight[f] = (ctx.step, ctx.step + delay, pseudo, handle)
-
-    def _lossy_mean(self, f: int, pseudo: torch.Tensor, codec: dict[str, Any],
-                    ctx: Context) -> torch.Tensor:
-        """The workers' mean of fragment f's pseudo-gradient: its parameters through the
-        codec, its buffers (if any) by an exact all-reduce, whose bytes the transport counts."""
-        plain = self._plain[f]
-        if plain is None:
-            return all_reduce_mean(pseudo, ctx.compressor, codec, ctx.transport)
-        mean = torch.empty_like(pseudo)
-        exact = pseudo[plain]  # a copy (boolean indexing)
-        ctx.transport.all_reduce(exact, average=True)
-        mean[plain] = exact
-        if not plain.all():  # (a fragment of buffers only has nothing for the codec)
-            mean[~plain] = all_reduce_mean(pseudo[~plain], ctx.compressor, codec, ctx.transport)
-        return mean
 
     def _land(self, f: int, params: Params, state: dict[str, Any], ctx: Context) -> None:
         """The outer step on fragment f; the worker's fragment then moves to the result."""

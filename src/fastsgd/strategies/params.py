@@ -79,9 +79,35 @@ def average(params: list[torch.nn.Parameter], transport) -> torch.Tensor:
     return flat[:-1].div_(flat[-1])
 
 
+def coded(flat: torch.Tensor, buffers: torch.Tensor | None) -> torch.Tensor:
+    """The elements of `flat` that a lossy codec carries: all but the buffers (`buffers`,
+    from buffer_mask, or None: there are none)."""
+    return flat if buffers is None else flat[~buffers]
+
+
+def lossy_mean(x: torch.Tensor, buffers: torch.Tensor | None, ctx: Any,
+               codec_state: dict[str, Any]) -> torch.Tensor:
+    """The mean over workers of `x` (flat, laid out as flatten(params)): its parameter elements
+    through the codec, its buffer elements by an exact all-reduce beside it, whose bytes the
+    transport counts. A codec's error on BatchNorm's statistics (qsgd's noise) could take a
+    running variance below zero, and error feedback would carry them from round to round;
+    `codec_state` is of `coded(x, buffers)`."""
+    if buffers is None:
+        return all_reduce_mean(x, ctx.compressor, codec_state, ctx.transport)
+    mean = torch.empty_like(x)
+    exact = x[buffers]  # a copy (boolean indexing)
+    ctx.transport.all_reduce(exact, average=True)
+    mean[buffers] = exact
+    if not buffers.all():  # (buffers alone leave the codec nothing)
+        mean[~buffers] = all_reduce_mean(x[~buffers], ctx.compressor, codec_state,
+                                         ctx.transport)
+    return mean
+
+
 def mean_change(params: list[torch.nn.Parameter], anchor: torch.Tensor, ctx: Any,
-                codec_state: dict[str, Any]) -> torch.Tensor:
-    """The mean over workers of (parameters - anchor), moved by the codec. Parameters are
-    compressed as their change since a point every worker shares (the last average), which
-    behaves like a gradient, rather than as raw values."""
-    return all_reduce_mean(flatten(params) - anchor, ctx.compressor, codec_state, ctx.transport)
+                codec_state: dict[str, Any], buffers: torch.Tensor | None) -> torch.Tensor:
+    """The mean over workers of (parameters - anchor), moved by the codec (buffers beside it,
+    exactly: lossy_mean). Parameters are compressed as their change since a point every
+    worker shares (the last average), which behaves like a gradient, rather than as raw
+    values."""
+    return lossy_mean(flatten(params) - anchor, buffers, ctx, codec_state)

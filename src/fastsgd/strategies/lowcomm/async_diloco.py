@@ -37,12 +37,18 @@ eight rounds in a shorter run (min(500, steps // 8)).
 
 On the wire, per worker and round: its pseudo-gradient up (through `ctx.compressor`, with
 error feedback for lossy codecs, plus two int64 words: the round and a final flag) and the
-global parameters down (exact, plus three words: rounds ahead, over, dropped). State
-(plain tensors): on every worker `anchor` (the global parameters its round started from),
-`rounds`, `ahead` (how many rounds it was ahead of the quorum's slowest when answered: the
-`staleness` metric) and, with a lossy codec, `push` (the codec's residual); on rank 0
-also the server's `global`, `momentum`, `delivered` (rounds delivered, per worker),
-`closed`, and the round's `sum` and `count`.
+global parameters down (exact, plus three words: rounds ahead, over, dropped). With a lossy
+codec, floating-point buffers (BatchNorm's running statistics) skip it: the push carries
+their pseudo-gradient exactly, in their dtype, in a field of its own after the codec's
+(`exact_buffers`), as diloco all-reduces them exactly beside its codec; through the codec,
+qsgd's noise could take a running variance below zero, and error feedback would carry
+statistics from round to round. The server gives them the workers' plain mean, as with the
+exact codec (`_step`). State (plain tensors): on every worker `anchor` (the global
+parameters its round started from), `rounds`, `ahead` (how many rounds it was ahead of the
+quorum's slowest when answered: the `staleness` metric) and, with a lossy codec, `push`
+(the codec's residual, of the parameter elements only); on rank 0 also the server's
+`global`, `momentum`, `delivered` (rounds delivered, per worker), `closed`, and the round's
+`sum` and `count`.
 Every worker waits for the answer to its push before it trains on, so at a checkpoint's
 barrier nothing is in flight and the state is everything (it resumes bitwise).
 
@@ -68,7 +74,7 @@ from fastsgd.errors import UserError
 from fastsgd.strategies.base import Context, StrategyBase, scaled_period
 from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.diloco import PAPER_PERIOD
-from fastsgd.strategies.params import assign, buffer_mask, flatten
+from fastsgd.strategies.params import assign, buffer_mask, coded, flatten
 
 Params = list[torch.nn.Parameter]
 PUSH, GLOBAL = 51, 52
@@ -118,7 +124,7 @@ class AsyncDiLoCo(StrategyBase):
         state: dict[str, Any] = {"anchor": start, "rounds": torch.zeros(1, dtype=torch.int64),
                                  "ahead": torch.zeros(1, dtype=torch.int64)}
         if ctx.compressor.kind != "exact":
-            state["push"] = ctx.compressor.init(start)
+            state["push"] = ctx.compressor.init(coded(start, self._buffers))
         t.start_messages()
         if t.rank == SERVER:
             n = t.world_size
@@ -133,7 +139,7 @@ class AsyncDiLoCo(StrategyBase):
 
     # ---- the server role (rank 0) -------------------------------------------------------
     def _on_push(self, state: dict[str, Any], src: int, message: torch.Tensor) -> None:
-        payload = unpack(message, [*self._codec.FIELDS, "round", "final"], src)
+        payload = unpack(message, [*self._fields(), "round", "final"], src)
         final = bool(payload.pop("final"))
         payload.pop("round")
         n = self._transport.world_size
@@ -142,13 +148,31 @@ class AsyncDiLoCo(StrategyBase):
                 self._final.add(src)
                 self._dropped.add(src)
             else:
-                pseudo = self._codec.decode(payload, state["global"])
+                pseudo = self._decode(payload, state["global"])
                 self._apply(state, pseudo, n)
                 state["delivered"][src] += 1
                 if final:
                     self._final.add(src)
             self._waiting.append(src)
             self._answer(state)
+
+    def _fields(self) -> list[str]:
+        """A push's fields before its round and final flag: the codec's, then with a lossy
+        codec the buffers' exact pseudo-gradient (if the model has buffers)."""
+        beside = self._codec.kind != "exact" and self._buffers is not None
+        return [*self._codec.FIELDS, *(["exact_buffers"] if beside else [])]
+
+    def _decode(self, payload: dict[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        """The pseudo-gradient a push stands for: the codec's parameter elements, the exact
+        buffers beside them."""
+        exact = payload.pop("exact_buffers", None)
+        if exact is None:
+            return self._codec.decode(payload, like)
+        plain = self._buffers
+        pseudo = torch.empty_like(like)
+        pseudo[plain] = exact.to(like.dtype)
+        pseudo[~plain] = self._codec.decode(payload, like[~plain])
+        return pseudo
 
     def _apply(self, state: dict[str, Any], g: torch.Tensor, n: int) -> None:
         """Lockstep: one outer step on the round's mean once all n are in. Asynchronous:
@@ -231,11 +255,9 @@ class AsyncDiLoCo(StrategyBase):
         if not (ctx.last_step or (ctx.step + 1) % self._period == 0):
             ctx.stats["staleness"] = float(state["ahead"])  # kept in the state: it resumes
             return
-        t, codec = ctx.transport, self._codec
+        t = ctx.transport
         ctx.worked()
-        pseudo = state["anchor"] - flatten(params)
-        payload = codec.encode(pseudo, state["push"]) if "push" in state else (
-            codec.compress(pseudo))
+        payload = self._push(state["anchor"] - flatten(params), state)
         flags = torch.tensor([int(state["rounds"]), int(ctx.last_step)], dtype=torch.int64)
         t.post(pack({**payload, "round": flags[:1], "final": flags[1:]}), SERVER, PUSH)
         src, reply = t.wait_message(GLOBAL)  # the server's answer: where to start again
@@ -248,6 +270,16 @@ class AsyncDiLoCo(StrategyBase):
         state["rounds"] += 1
         state["ahead"] = answer["ahead"].clone()
         ctx.stats["staleness"] = float(state["ahead"])  # rounds ahead of the slowest
+
+    def _push(self, pseudo: torch.Tensor, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The payload of a push: the codec's (error feedback in `push`), and with a lossy
+        codec the buffers' pseudo-gradient beside it, exact (see `_fields`)."""
+        if "push" not in state:
+            return self._codec.compress(pseudo)
+        payload = self._codec.encode(coded(pseudo, self._buffers), state["push"])
+        if self._buffers is None:
+            return payload
+        return {**payload, "exact_buffers": pseudo[self._buffers]}
 
     def close(self) -> None:
         self._waiting, self._final, self._dropped = [], set(), set()
