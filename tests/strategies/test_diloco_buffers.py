@@ -5,59 +5,18 @@ all-reduce beside the codec's."""
 import pytest
 import torch
 
-import fastsgd as fs
 from fastsgd.compress import build_compressor
 from fastsgd.compress.collectives import all_reduce_mean, init_all_reduce
 from fastsgd.strategies.diloco import DiLoCo, split
 from fastsgd.transport.sim import simulate
-
-WORKERS = 3
-CODECS = [{"name": "topk", "ratio": 0.1}, {"name": "qsgd", "levels": 7}]
-
-
-def bn_model() -> torch.nn.Module:
-    """Tensors of 9, 3, 3 and 3 elements, then the buffers running_mean and running_var
-    (3 each), in float64."""
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)).double()
-
-
-def statistics(model: torch.nn.Module) -> torch.Tensor:
-    bn = model[1]
-    return torch.cat([bn.running_mean, bn.running_var]).clone()
+from tests.strategies import test_lossy_buffers as lossy
+from tests.strategies.test_lossy_buffers import CODECS, WORKERS, assert_exact_mean
 
 
 def train(codec: dict, steps: int, **settings) -> list[list[tuple]]:
-    """Each worker's (own statistics, statistics after the sync, bytes the sync sent), step by
-    step; worker r normalizes data around 10 r, so the statistics differ."""
-
-    def worker(t):
-        model = bn_model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        replica = fs.Replica(model, t, DiLoCo(**settings), build_compressor(codec),
-                             total_steps=steps)
-        out = []
-        for step in range(steps):
-            gen = torch.Generator().manual_seed(100 * step + t.rank)
-            x = torch.randn(8, 3, generator=gen, dtype=torch.float64) + 10 * t.rank
-            optimizer.zero_grad()
-            model(x).square().mean().backward()
-            replica.sync_gradients()
-            optimizer.step()
-            own, before = statistics(model), t.bytes_sent
-            replica.sync_parameters()
-            out.append((own, statistics(model), t.bytes_sent - before))
-        return out
-
-    return simulate(WORKERS, worker)
-
-
-def assert_exact_mean(got: list[list[tuple]], step: int) -> None:
-    mean = sum(worker[step][0] for worker in got) / WORKERS
-    assert not torch.allclose(got[0][step][0], mean)  # the workers' statistics did differ
-    for worker in got:
-        assert torch.allclose(worker[step][1], mean, rtol=0, atol=1e-12)
-    assert bool((got[0][step][1][3:] > 0).all())  # the running variances
+    """Each worker's (own statistics, statistics after the sync, bytes the sync sent, ...),
+    step by step, under DiLoCo(**settings)."""
+    return lossy.train(lambda: DiLoCo(**settings), codec, steps)
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c["name"])

@@ -1,7 +1,8 @@
 """localsgd, easgd, bmuf, async_diloco and sparta with a lossy codec: BatchNorm's running
 statistics skip the codec, as in diloco (test_diloco_buffers.py). Every worker's statistics
 after a sync are their exact mean (easgd: the exact elastic move), and the bytes are the
-codec's for the parameters and an exact message for the buffers."""
+codec's for the parameters and an exact message for the buffers. Its helpers serve
+test_diloco_buffers.py too."""
 
 import pytest
 import torch
@@ -15,7 +16,22 @@ from fastsgd.strategies.lowcomm.async_diloco import AsyncDiLoCo
 from fastsgd.strategies.lowcomm.sparta import Sparta
 from fastsgd.transport.frames import frame_bytes
 from fastsgd.transport.sim import simulate
-from tests.strategies.test_diloco_buffers import CODECS, WORKERS, bn_model, statistics
+
+WORKERS = 3
+CODECS = [{"name": "topk", "ratio": 0.1}, {"name": "qsgd", "levels": 7}]
+
+
+def bn_model() -> torch.nn.Module:
+    """Tensors of 9, 3, 3 and 3 elements, then the buffers running_mean and running_var
+    (3 each), in float64."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)).double()
+
+
+def statistics(model: torch.nn.Module) -> torch.Tensor:
+    bn = model[1]
+    return torch.cat([bn.running_mean, bn.running_var]).clone()
+
 
 BUFFERS = torch.tensor([False] * 18 + [True] * 6)  # bn_model: 18 parameter elements, 6 buffer
 
