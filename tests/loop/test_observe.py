@@ -324,3 +324,19 @@ def test_a_run_in_which_no_time_passed_has_no_rate(tmp_path):
                                           "compute.forward": "0s", "compute.backward": "0s"})
     assert run.summary["simulated_time"] == 0 and run.summary["samples_per_second"] is None
     assert "| 1 |" in to_markdown(rows([load_run(run.run_dir)]))
+
+
+@pytest.mark.parametrize("real", [False, pytest.param(True, marks=pytest.mark.multiproc)])
+def test_diloco_is_scored_on_its_global_model_between_outer_steps(tmp_path, real):
+    """An evaluation in the middle of a DiLoCo round scores the global model of the last
+    outer step (the papers' model), not the workers' average, which no worker holds: step
+    6's score is step 4's; the consensus is still the workers' own replicas'."""
+    options = {"data.name": "digits", "model.name": "mlp", "run.workers": 2, "run.steps": 8,
+               "run.eval_every": 2, "strategy.name": "diloco", "strategy.period": 4,
+               "run.tensorboard": False, "data.batch_size": 16, "run.out": str(tmp_path)}
+    job = fs.Job(quiet=True, report=False, options=options)
+    evals = {e["step"]: e for e in (job.run() if real else job.simulate()).evals()}
+    assert evals[6]["loss"] == evals[4]["loss"] != evals[8]["loss"]
+    assert evals[6]["accuracy"] == evals[4]["accuracy"]
+    assert evals[6]["consensus_distance"] > 0 == evals[4]["consensus_distance"]
+    assert evals[2]["loss"] > evals[4]["loss"]  # the initial model, before any outer step

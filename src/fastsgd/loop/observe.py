@@ -21,6 +21,7 @@ import torch
 
 from fastsgd.loop.replica import replica_tensors
 from fastsgd.records.metrics import JsonLines, loss_metrics, read_jsonl
+from fastsgd.strategies.params import assign
 
 Evaluate = Callable[[torch.nn.Module], tuple[float, float]]  # -> (accuracy, loss)
 Score = Callable[[torch.nn.Module], float]
@@ -133,6 +134,7 @@ class _Snapshot:
         self.like: torch.nn.Module | None = None
         self.like_rank = -1
         self.best: tuple[float, int, torch.nn.Module] | None = None
+        self.held: torch.Tensor | None = None  # the strategy's own model, if it holds one
 
     def add(self, rank: int, model: torch.nn.Module, when: float, wall: float,
             score: Score) -> None:
@@ -161,7 +163,9 @@ class _Snapshot:
         if self.policy == "best":
             return self.best[2]
         model = self.like
-        if self.policy == "average" and self.count > 1:
+        if self.held is not None:
+            assign(replica_tensors(model), self.held)
+        elif self.policy == "average" and self.count > 1:
             average, offset = self.first + self.sum / self.count, 0
             with torch.no_grad():
                 for t in replica_tensors(model):
@@ -180,10 +184,14 @@ class Observer:
         self._handing_in: Callable[[int], int] = lambda step: self.workers
 
     def hand_in(self, step: int, rank: int, model: torch.nn.Module, when: float, wall: float,
-                score: Score) -> None:
+                score: Score, held: torch.Tensor | None = None) -> None:
+        """Worker `rank`'s replica after `step`; `held`: the model its strategy holds, which
+        is scored in place of the average (evaluate.py, held_model)."""
         with self._lock:
             snapshot = self._steps.setdefault(step, _Snapshot(self.policy))
             snapshot.add(rank, model, when, wall, score)
+            if held is not None and snapshot.held is None:  # the same on every worker
+                snapshot.held = held.detach().clone()
         self._evaluate_complete()
 
     def crashed(self, handing_in: Callable[[int], int]) -> None:

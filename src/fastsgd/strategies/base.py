@@ -154,6 +154,14 @@ class StrategyBase(Configurable, ABC, section="strategy"):
         return model
 
     @default_hook
+    def held_model(self, state: dict[str, Any]) -> torch.Tensor | None:
+        """The model the method holds between its synchronizations, flat as the strategy's
+        parameters (then buffers) lie, the same on every worker: what an evaluation in the
+        middle of a round scores (DiLoCo's global model of the last outer step, which the
+        papers evaluate), in place of the workers' average. Default: None (the average)."""
+        return None
+
+    @default_hook
     def check(self, world_size: int) -> None:
         """Raise UserError, in one line, where this object cannot run on `world_size`
         workers (a topology that does not fit); called before any worker starts."""

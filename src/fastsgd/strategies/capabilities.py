@@ -21,7 +21,8 @@ from fastsgd.config.objects import described
 HOOKS = {"settle": "(params, state, ctx)", "in_flight_state": "()",
          "load_in_flight": "(saved)", "donate": "(state)", "joined": "(step, params)",
          "wrap": "(model, ctx)", "check": "(world_size)",
-         "check_compression": "(codec, world_size)", "check_optimizer": "(optimizer, codec)"}
+         "check_compression": "(codec, world_size)", "check_optimizer": "(optimizer, codec)",
+         "held_model": "(state)"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,14 @@ class Capabilities:
     - `drains_at_end` (default False): the strategy finishes its work on the last step
       (`ctx.last_step`): it averages, or takes in what is still on the wire.
       `fastsgd.Replica` warns when it is not told the number of steps.
+    - `async_drain` (default False): the workers do not wait for one another while training
+      (or only within a bound, as ssp's staleness), and the drain on the last step waits
+      for the slowest: there a fast worker waits for being faster. summary.json's
+      `samples_per_second` then counts each worker's steps but the last, over the run's
+      clock when its second-to-last step ended, so that the wait is not charged to it.
+      False (lockstep and periodic strategies, whose last step holds a synchronization that
+      is part of the method's cost, and those with no drain): every step, over the clock
+      when the last one ended. (ssp, ps, sgp, adpsgd and async_diloco declare it.)
     - `checkpoints` (default True): False: the strategy cannot be resumed (what it keeps
       between steps is not all in its state), and a run with `run.checkpoint_every > 0` is
       refused at the start; the conformance suite skips its resume check.
@@ -69,6 +78,7 @@ class Capabilities:
     shrinks_real: bool = False
     rejoins: tuple[str, ...] = ()
     drains_at_end: bool = False
+    async_drain: bool = False
     checkpoints: bool = True
     real_only: bool = False
     host_memory: bool = False
@@ -111,8 +121,8 @@ LEGACY = {field.name: field.name.upper() for field in fields(Capabilities)}
 def capabilities_of(strategy: object) -> Capabilities:
     """A strategy's (a class's or an instance's) capabilities: its `capabilities`, or for a
     class that declares none, its old upper-case class attributes (CODEC_KINDS, CARRIES_ON,
-    CARRIES_ON_REAL, SHRINKS_REAL, REJOINS, DRAINS_AT_END, CHECKPOINTS, REAL_ONLY,
-    HOST_MEMORY, REFUSED_CODECS), each default where it has none."""
+    CARRIES_ON_REAL, SHRINKS_REAL, REJOINS, DRAINS_AT_END, ASYNC_DRAIN, CHECKPOINTS,
+    REAL_ONLY, HOST_MEMORY, REFUSED_CODECS), each default where it has none."""
     declared = getattr(strategy, "capabilities", None)
     if isinstance(declared, Capabilities):
         return declared

@@ -151,6 +151,11 @@ class DiLoCo(StrategyBase):
                               for c in parts]  # {}: a fragment of buffers only
         return state
 
+    def held_model(self, state: dict[str, Any]) -> torch.Tensor:
+        """The global model of the last outer step (streaming: of each fragment's last),
+        which the papers evaluate; mid-round the workers' average is no model DiLoCo holds."""
+        return state["global"]
+
     def offset(self, fragment: int) -> int:
         """Fragment p's schedule is shifted by floor(p H / P) steps."""
         return fragment * self._period // self.fragments

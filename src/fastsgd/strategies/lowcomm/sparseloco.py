@@ -129,6 +129,10 @@ class SparseLoCo(DiLoCo):
         self._base = starts.repeat_interleave(counts).to(device)
         self._chunk_of = torch.arange(len(counts)).repeat_interleave(counts).to(device)
 
+    def held_model(self, state: dict[str, Any]) -> torch.Tensor:
+        """The global model of the last outer step, which the paper evaluates."""
+        return state["global"]
+
     def on_parameters(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         if ctx.last_step or self.due(0, ctx.step):
             self._round(params, state, ctx)
