@@ -160,3 +160,20 @@ def test_a_real_run_reaches_its_loss_target(tmp_path):
 def test_a_real_run_that_never_gets_down_to_its_loss_target_says_so(tmp_path):
     _says_time_to_loss(_run(tmp_path, "real", real=True, **{"run.target_loss": 0.5}), 0.5,
                        reached=False)
+
+
+def test_an_accuracy_target_on_text_is_refused_in_one_line_not_ignored(tmp_path):
+    """Next-token accuracy is reported, not aimed at: a run.target_accuracy set on text
+    would silently be no target, so it is refused; run.target_loss replaces it."""
+    options = {"data.name": "text", "model.name": "gpt", "model.layers": 1, "model.width": 16,
+               "model.heads": 2, "model.context": 16, "run.steps": 2, "run.workers": 1,
+               "run.out": str(tmp_path / "a")}
+    job = fs.Job(quiet=True, report=False, options={**options, "run.target_accuracy": 0.3})
+    with pytest.raises(fs.UserError, match=r"^run\.target_accuracy = 0\.3: 'text' holds "
+                                           r"text, whose runs aim at a validation loss: set "
+                                           r"run\.target_loss instead$"):
+        job.simulate()
+    both = fs.Job(quiet=True, report=False, options={
+        **options, "run.target_accuracy": 0.3, "run.target_loss": 9.0,
+        "run.out": str(tmp_path / "b")}).simulate()
+    assert both.summary["target"] == {"metric": "loss", "value": 9.0}

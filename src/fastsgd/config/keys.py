@@ -84,7 +84,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "seed": Option(int, 0, SEEDS, "seed of model init and data order, 0 to 2**63 - 1"),
         "out": Option(str, "", doc="run directory; empty = runs/<strategy>-<time>"),
         "eval_every": Option(int, 500, at_least(0), "evaluate every N steps; 0 = at the end"),
-        "target_accuracy": Option(float, 0.88, between(0, 1), "for time_to_target; 0 = none"),
+        "target_accuracy": Option(float, 0.88, between(0, 1), "a classifier's, for "
+                                  "time_to_target; 0 = none (text: run.target_loss)"),
         "target_loss": Option(float, 0.0, at_least(0), "validation loss for time_to_target "
                               "(language models, regressions); 0 = none; set, it is the "
                               "run's target"),

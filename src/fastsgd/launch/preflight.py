@@ -40,6 +40,7 @@ def check_job(config: dict, dataset: Dataset, strategy: Strategy, codec: Compres
         raise UserError(NO_DDP)
     _check_momentum_once(codec, config["optimizer"])
     _check_clipping(strategy, config["optimizer"])
+    _check_target(config["run"], dataset)
     check_optimizer = hook(strategy, "check_optimizer")
     if check_optimizer is not None:  # on a probe: before any worker starts
         check_optimizer(make_optimizer([torch.nn.Parameter(torch.zeros(1))]), codec)
@@ -120,3 +121,15 @@ def _check_clipping(strategy: Strategy, optimizer: dict[str, Any]) -> None:
         raise ConfigError(f"optimizer.clip_norm = {clip} would clip what strategy.name = "
                           "'demo' leaves in p.grad, its update sign(Q), not a gradient: set "
                           "optimizer.clip_norm = 0")
+
+
+def _check_target(run: dict[str, Any], dataset: Dataset) -> None:
+    """run.target_accuracy set (off its default) on data without a classifier's accuracy to
+    aim at, where no run.target_loss replaces it: else it would silently be no target."""
+    accuracy = run["target_accuracy"]
+    if accuracy in (0, SCHEMA["run"]["target_accuracy"].default) or run["target_loss"] > 0:
+        return
+    if dataset.kind != "images":
+        raise ConfigError(f"run.target_accuracy = {accuracy}: '{dataset.name}' holds "
+                          f"{dataset.kind}, whose runs aim at a validation loss: set "
+                          "run.target_loss instead")
