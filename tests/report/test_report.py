@@ -195,3 +195,30 @@ def test_the_bytes_axis_has_ticks_to_read_within_one_decade_too(low, high):
     ax.set_xlim(low, high)
     ticks = [x for x in ax.get_xticks() if low <= x <= high]
     assert len(ticks) >= 2, ticks
+
+
+def test_a_scaling_plot_of_a_bench_over_workers_alone_names_its_curve(bench):
+    """A bench whose only axis is run.workers: its curve is named by its strategy and codec,
+    not by an empty label, and no legend is drawn empty (matplotlib warned of one)."""
+    import warnings
+    from dataclasses import replace
+
+    from matplotlib.axes import Axes
+
+    from fastsgd.report.plots import scaling
+
+    runs = [replace(load_run(bench / name), label=f"run.workers={n}")
+            for name, n in (("one", 1), ("two", 2))]
+    table = rows(runs)
+    assert [r["series"] for r in table] == ["allreduce/none"] * 2
+    legends, legend = [], Axes.legend
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Axes, "legend", lambda ax, *a, **k: legends.append(
+                ax.get_legend_handles_labels()[1]) or legend(ax, *a, **k))
+            assert scaling(table) is not None
+            for row in table:  # a curve without a name: no legend at all
+                row["series"] = ""
+            assert scaling(table) is not None
+    assert legends == [["allreduce/none"]]

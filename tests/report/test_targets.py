@@ -106,3 +106,22 @@ def test_an_older_summary_still_reads_with_its_accuracy_target(runs, tmp_path):
     assert "| time to 50% |" in to_markdown([row])
     assert "time to 50%: " in text_report(old) and "perplexity" not in text_report(old)
     assert "report.html" in {p.name for p in write_report([run], tmp_path / "out")}
+
+
+def test_seeds_are_scored_as_the_report_and_the_docs_say(runs, tmp_path):
+    """MLPerf drops the fastest and the slowest, a run that did not reach the target
+    counting as the slowest, and more than one such run voids the result; with 2 seeds
+    nothing can be dropped, so one that did not reach it makes the cell "not reached". The
+    seeds' table says so above it, and docs/benchmarks.md says the same."""
+    from pathlib import Path
+
+    from fastsgd.report.table import MLPERF
+
+    assert mlperf_score([3.0, 1.0, None]) == 3.0 and mlperf_score([3.0, None, None]) is None
+    assert mlperf_score([1.0, 2.0]) == 1.5 and mlperf_score([1.0, None]) is None
+    write_report(find_runs([runs / f"loss-{s}" for s in (1, 2)]), tmp_path / "out")
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert f"## Over seeds\n\n{MLPERF}\n\n" in markdown
+    assert MLPERF in (tmp_path / "out" / "report.html").read_text().replace("&quot;", '"')
+    docs = " ".join((Path(__file__).parents[2] / "docs" / "benchmarks.md").read_text().split())
+    assert "with 2 seeds, nothing is dropped" in docs and "more than one makes" not in docs

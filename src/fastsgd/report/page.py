@@ -12,9 +12,10 @@ from typing import Any
 
 from fastsgd.errors import UserError
 from fastsgd.report import plots
-from fastsgd.report.clocks import clock_note
+from fastsgd.report.notes import notes
 from fastsgd.report.runs import RunData
 from fastsgd.report.table import (
+    MLPERF,
     SEED_COLUMNS,
     markdown_columns,
     over_seeds,
@@ -35,7 +36,7 @@ STYLE = """body{font-family:sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #bbb;padding:3px 6px}
 th{background:#eee}td{text-align:right}td:first-child,td:nth-child(2){text-align:left}
 img{max-width:100%;display:block;margin:.5em 0 1.5em}.note{color:#666;font-size:13px}
-.clocks{font-weight:bold;color:#a40}"""
+.caveat{font-weight:bold;color:#a40}"""
 
 
 def write_report(runs: list[RunData], out: str | Path, title: str = "fastsgd report",
@@ -54,7 +55,7 @@ def write_report(runs: list[RunData], out: str | Path, title: str = "fastsgd rep
     markdown = f"# {title}\n\n{to_markdown(table)}"
     written = [_write(out / "report.csv", to_csv(table).encode())]
     if seeds:
-        markdown += f"\n## Over seeds\n\n{to_markdown(seeds, seed_columns(seeds))}"
+        markdown += f"\n## Over seeds\n\n{MLPERF}\n\n{to_markdown(seeds, seed_columns(seeds))}"
         written.append(_write(out / "seeds.csv", to_csv(seeds, SEED_COLUMNS).encode()))
     written.append(_write(out / "report.md", markdown.encode()))
     images: list[tuple[str, str, bytes | None]] = []
@@ -111,12 +112,11 @@ def _html(title: str, runs: list[RunData], tables: list[tuple[list[dict[str, Any
     (table, columns), (seeds, seed_columns) = tables
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
              f"</title><style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
-    note = clock_note(r["clock"] for r in table)  # times on different clocks
-    if note:
-        parts.append(f"<p class='clocks'>{html.escape(note)}</p>")
+    # times on different clocks, language models of different tokens or contexts
+    parts += [f"<p class='caveat'>{html.escape(note)}</p>" for note in notes(table)]
     parts.append(_table(table, columns, "runs"))
     if seeds:
-        parts += ["<h2>Over seeds (MLPerf: the fastest and slowest dropped)</h2>",
+        parts += ["<h2>Over seeds</h2>", f"<p class='note'>{html.escape(MLPERF)}</p>",
                   _table(seeds, seed_columns, "seeds")]
     parts.append(_provenance(runs))
     for name, caption, png in images:

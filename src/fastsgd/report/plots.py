@@ -229,8 +229,10 @@ def staleness(runs: list[RunData]) -> bytes | None:
 
 
 def _legend(ax: Any, curves: int) -> None:
+    """Name the curves, where any has a name (none: no empty box, and no warning)."""
     if curves <= LEGEND_MAX:
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     else:  # more would hide the plot: the table names them
         ax.set_title(f"{curves} runs (too many to name here: see the table)", fontsize="small")
 

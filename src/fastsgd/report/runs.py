@@ -15,6 +15,7 @@ from fastsgd.config.schema import read_toml
 from fastsgd.errors import UserError
 from fastsgd.records.metrics import PHASES
 from fastsgd.report.clocks import clock_of
+from fastsgd.workloads.kinds import LANGUAGE
 
 NEEDED = ("summary.json", "metrics.jsonl", "eval.jsonl")
 # what the report reads of summary.json (wall_to_target, target_accuracy: runs before
@@ -62,6 +63,16 @@ class RunData:
     def target(self) -> tuple[str, float] | None:
         """(metric, value) of the run's target ("accuracy" or "loss"), or None."""
         return target_of(self.summary)
+
+    @property
+    def context(self) -> int | None:
+        """A language model's tokens per validation window (model.context), else None."""
+        return context_of(self.summary, self.config)
+
+    @property
+    def tokens(self) -> int | None:
+        """The tokens a language model trained on (tokens_trained), else None."""
+        return tokens_trained(self.summary, self.config)
 
     def training_time(self) -> float | None:
         """Seconds of training on the run's clock (None: a simulation whose summary does not
@@ -113,6 +124,25 @@ def target_of(summary: dict[str, Any]) -> tuple[str, float] | None:
         return "loss", float(summary["target_loss"])
     return ("accuracy", float(summary["target_accuracy"])) if summary.get(
         "target_accuracy") else None
+
+
+def context_of(summary: dict[str, Any], config: dict[str, Any]) -> int | None:
+    """model.context of a run on text or tokens (the length of its training and validation
+    windows: the targets each holds); None for other data, or where config.toml lacks it."""
+    context = config.get("model", {}).get("context")
+    if summary.get("data_kind") not in LANGUAGE or not _number(context):
+        return None
+    return int(context)
+
+
+def tokens_trained(summary: dict[str, Any], config: dict[str, Any]) -> int | None:
+    """The tokens a run on text or tokens trained on: steps x global batch (which holds
+    run.accumulate) x model.context, the worker-steps an asynchronous or shrunk run left
+    idle included; None for other data, or a run directory that lacks one of them."""
+    context, batch = context_of(summary, config), summary.get("global_batch")
+    if context is None or not _number(batch) or not _number(summary.get("steps")):
+        return None
+    return int(summary["steps"]) * int(batch) * context
 
 
 def reached(target: tuple[str, float] | None, evaluation: dict[str, Any]) -> bool:

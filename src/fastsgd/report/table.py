@@ -1,6 +1,7 @@
 """One row per run with the seeds' metrics (000 §3.2.5, 004): final accuracy, time and
 epochs to target, throughput, bytes, communication overhead, the per-iteration breakdown
-and scaling efficiency against the 1-worker run of the same job; as CSV and Markdown."""
+and scaling efficiency against the 1-worker run of the same job, and a language model's
+tokens; as CSV, and as Markdown (markdown.py, whose functions are here too)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,19 @@ from typing import Any
 
 from fastsgd.loop.profiling import KEYS as PROFILED
 from fastsgd.records.metrics import PHASES
-from fastsgd.report.clocks import clock_note
+from fastsgd.report.markdown import markdown_columns, seed_columns, to_markdown
 from fastsgd.report.runs import RunData, describe, reached
-from fastsgd.report.text import human_bytes, phase_breakdown
-from fastsgd.workloads.kinds import LOSS_KINDS, REGRESSION
+from fastsgd.report.text import phase_breakdown
 
-COLUMNS = ("run", "strategy", "codec", "workers", "steps", "clock", "final_accuracy",
-           "final_loss", "final_perplexity", "bits_per_byte", "target_metric", "target_value",
-           "target_accuracy", "target_loss", "time_to_target_s", "wall_to_target_s",
-           "epochs_to_target", "training_time_s", "wall_time_s", "samples_per_s", "bytes_sent",
-           "bytes_per_step", "comm_overhead",
+__all__ = ["COLUMNS", "MLPERF", "SEED_COLUMNS", "epochs_to_target", "job_key",
+           "markdown_columns", "mlperf_score", "over_seeds", "rows", "scaling_efficiency",
+           "seed_columns", "to_csv", "to_markdown"]
+
+COLUMNS = ("run", "strategy", "codec", "workers", "steps", "tokens", "context", "clock",
+           "final_accuracy", "final_loss", "final_perplexity", "bits_per_byte", "target_metric",
+           "target_value", "target_accuracy", "target_loss", "time_to_target_s",
+           "wall_to_target_s", "epochs_to_target", "training_time_s", "wall_time_s",
+           "samples_per_s", "bytes_sent", "bytes_per_step", "comm_overhead",
            *(f"{p}_ms" for p in PHASES), "consensus_distance", "scaling_efficiency", "path")
 
 
@@ -45,6 +49,7 @@ def _row(run: RunData) -> dict[str, Any]:
     return {
         "run": run.title, "strategy": s["strategy"], "codec": s["compressor"],
         "workers": s["workers"], "steps": s["steps"], "clock": run.clock,
+        "tokens": run.tokens, "context": run.context,  # a language model's, else None
         "final_accuracy": s["final_accuracy"], **_loss_columns(run), **_target_columns(run),
         "time_to_target_s": s["time_to_target"],
         "wall_to_target_s": s.get("wall_to_target"),  # runs before 2026-11-28 lack it
@@ -125,10 +130,19 @@ def scaling_efficiency(runs: list[RunData]) -> list[float | None]:
     return out
 
 
+MLPERF = ("Scored as MLPerf Training scores repeats: with 3 seeds or more, the fastest and "
+          "the slowest are dropped and the rest averaged, a seed that did not reach the target "
+          "counting as the slowest (two that did not: \"not reached\"); with 2, nothing is "
+          "dropped: both are averaged, and one that did not reach it makes the cell \"not "
+          "reached\".")
+
+
 def mlperf_score(values: list[float | None]) -> float | None:
-    """MLPerf Training's score of repeated runs: drop the fastest and the slowest (with 3
-    or more), average the rest. A run that did not get there (None) counts as the slowest;
-    more than one, or one of two, and the cell has not reached it (None)."""
+    """MLPerf Training's score of repeated runs, as MLPERF says: drop the fastest and the
+    slowest, average the rest; a run that did not get there (None) counts as the slowest,
+    and with more than one the score is None (MLPerf: an invalid result). MLPerf asks for
+    5 or 10 runs; 3 or 4 are scored alike (their middle one or two), and 2 drop nothing,
+    since dropping both would leave nothing: one that did not get there makes it None."""
     if sum(v is None for v in values) > 1:
         return None
     times = sorted(math.inf if v is None else v for v in values)
@@ -175,10 +189,11 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def _without(run: RunData, axes: tuple[str, ...]) -> str:
-    """The run's label less some axes; without a label, its strategy and codec (and its
-    workers, unless they are left out)."""
-    if run.label:
-        return " ".join(p for p in run.label.split() if not p.startswith(axes))
+    """The run's label less some axes; without a label, or with nothing left of it, its
+    strategy and codec (and its workers, unless they are left out)."""
+    left = " ".join(p for p in run.label.split() if not p.startswith(axes))
+    if left:  # a bench's cell whose only axes are those left out: named as one without
+        return left
     s = run.summary
     workers = "" if "run.workers=" in axes else f" x{s['workers']}"
     return f"{s['strategy']}/{s['compressor']}{workers}"
@@ -190,95 +205,3 @@ def to_csv(table: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> s
     writer.writeheader()
     writer.writerows(table)
     return buffer.getvalue()
-
-
-MARKDOWN = (  # header, how to show a row's value
-    ("run", lambda r: r["run"]),
-    ("strategy / codec", lambda r: f"{r['strategy']} / {r['codec']}"),
-    ("workers", lambda r: str(r["workers"])),
-    ("accuracy", lambda r: _maybe(r["final_accuracy"], "{:.2%}")),
-    ("clock", lambda r: r["clock"]),  # of the times right of it: simulated, measured
-    ("time to target", lambda r: _seconds(r["time_to_target_s"]) if r["target_accuracy"] else ""),
-    ("epochs to target", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),
-    ("samples/s", lambda r: _maybe(r["samples_per_s"], "{:,.0f}")),
-    ("bytes sent", lambda r: human_bytes(r["bytes_sent"])),
-    ("comm. overhead", lambda r: _maybe(r["comm_overhead"], "{:.0%}")),
-    ("mean step (ms): " + " / ".join(PHASES),
-     lambda r: " / ".join(f"{r[p + '_ms']:.2f}" for p in PHASES)),
-    ("consensus", lambda r: _maybe(r["consensus_distance"], "{:.3g}")),
-    ("scaling eff.", lambda r: _maybe(r["scaling_efficiency"], "{:.0%}")),
-)
-
-
-SEEDS_MARKDOWN = (
-    ("cell", lambda r: r["cell"]),
-    ("seeds", lambda r: str(r["seeds"])),
-    ("accuracy (mean ± sd)", lambda r: _maybe(r["accuracy_mean"], "{:.2%}")
-     + _maybe(r["accuracy_sd"], " ± {:.2%}")),
-    ("clock", lambda r: r["clock"]),
-    ("time to target (MLPerf)", lambda r: _seconds(r["time_to_target_s"]) if r["target"] else ""),
-    ("epochs to target (MLPerf)", lambda r: _maybe(r["epochs_to_target"], "{:.2f}")),
-    ("samples/s (mean)", lambda r: _maybe(r["samples_per_s"], "{:,.0f}")),
-)
-
-
-def _time_column(table: list[dict[str, Any]], key: str, header: str, scored: str) -> tuple:
-    """The time-to-target column: "time to loss 2.00" where every row has that target;
-    else "time to target", each cell naming its own."""
-    def seconds(r: dict[str, Any]) -> str:
-        return _seconds(r[scored])
-    named = {r[key] for r in table if r[key]}
-    if len(named) <= 1:
-        return (header.replace("target", named.pop() if named else "target"),
-                lambda r: seconds(r) if r[key] else "")
-    return header, lambda r: f"{r[key]}: {seconds(r)}" if r[key] else ""
-
-
-def _loss_shown(table: list[dict[str, Any]]) -> bool:
-    return any(r.get("target_metric") == "loss" or r.get("bits_per_byte") is not None
-               or r.get("data_kind") in LOSS_KINDS for r in table)
-
-
-def markdown_columns(table: list[dict[str, Any]]) -> tuple:
-    """MARKDOWN for these rows: the time to their target named, and the final loss,
-    perplexity and bits per byte for runs that have a loss target or learn text."""
-    columns = list(MARKDOWN)
-    columns[5] = _time_column(table, "target", "time to target", "time_to_target_s")
-    if _loss_shown(table):
-        extra = [("loss", lambda r: _maybe(r["final_loss"], "{:.4f}"))]
-        if any(r.get("final_perplexity") is not None for r in table):
-            extra.append(("perplexity", lambda r: _maybe(r["final_perplexity"], "{:.4g}")))
-        if any(r.get("bits_per_byte") is not None for r in table):
-            extra.append(("bits/byte", lambda r: _maybe(r["bits_per_byte"], "{:.3f}")))
-        columns[4:4] = extra
-    if table and all(r.get("data_kind") == REGRESSION for r in table):  # no accuracy
-        columns = [c for c in columns if c[0] != "accuracy"]
-    return tuple(columns)
-
-
-def seed_columns(seeds: list[dict[str, Any]]) -> tuple:
-    """SEEDS_MARKDOWN for these rows (as markdown_columns)."""
-    columns = list(SEEDS_MARKDOWN)
-    columns[4] = _time_column(seeds, "about", "time to target (MLPerf)", "time_to_target_s")
-    if any(r.get("target_metric") == "loss" for r in seeds):
-        columns.insert(3, ("loss (mean)", lambda r: _maybe(r["loss_mean"], "{:.4f}")))
-    return tuple(columns)
-
-
-def to_markdown(table: list[dict[str, Any]], columns: tuple | None = None) -> str:
-    """The table; the runs' own (columns None) has above it the note that their times are
-    on different clocks, where they are (clocks.clock_note)."""
-    note = clock_note(r["clock"] for r in table) if columns is None else ""
-    columns = markdown_columns(table) if columns is None else columns
-    lines = [note, ""] if note else []
-    lines += ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(show(r) for _, show in columns) + " |" for r in table]
-    return "\n".join(lines) + "\n"
-
-
-def _seconds(value: float | None) -> str:
-    return "not reached" if value is None else f"{value:.2f} s"
-
-
-def _maybe(value: float | None, form: str) -> str:
-    return "" if value is None else form.format(value)

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 from statistics import fmean
 
+from fastsgd.config.schema import read_toml
 from fastsgd.records.metrics import PHASES, read_jsonl
-from fastsgd.report.runs import describe, target_of
+from fastsgd.report.runs import describe, target_of, tokens_trained
 from fastsgd.workloads.kinds import LOSS_KINDS, REGRESSION
 
 
@@ -26,6 +27,21 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def human_count(n: float) -> str:
+    """614k, 2.46M: a count to three significant digits."""
+    for unit in ("", "k", "M", "G"):
+        if abs(n) < 999.5:
+            return f"{n:.3g}{unit}"
+        n /= 1000
+    return f"{n:.3g}T" if abs(n) < 999.5 else f"{n:,.0f}T"
+
+
+def epochs(value: float) -> str:
+    """Epochs to two decimals, or, under 0.1 (a language model's pass over a large corpus,
+    0.0004), to two significant digits, where two decimals would read 0.00."""
+    return f"{value:.2g}" if 0 < abs(value) < 0.1 else f"{value:.2f}"
 
 
 def plural(n: int, word: str) -> str:
@@ -84,10 +100,14 @@ def text_report(run_dir: str | Path) -> str:
     s = json.loads((run_dir / "summary.json").read_text())
     simulated = s.get("simulated_time")  # a summary may predate it: its wall time, then
     clock, kind = (simulated, "simulated") if simulated is not None else (s["wall_time"], "wall")
+    config = read_toml(run_dir / "config.toml") if (run_dir / "config.toml").is_file() else {}
+    tokens = tokens_trained(s, config)
     lines = [
         f"strategy {s['strategy']} | compressor {s['compressor']} | "
         f"{plural(s['workers'], 'worker')} | {plural(s['steps'], 'step')} "
-        f"({s['epochs']:.2f} epochs, global batch {s['global_batch']})",
+        f"({epochs(s['epochs'])} epochs, "
+        + (f"{human_count(tokens)} tokens, " if tokens is not None else "")
+        + f"global batch {s['global_batch']})",
         _quality(s),
         f"training time  {clock:.1f} s {kind}{_to_target(s)}",
         *_evaluation_line(s),
