@@ -86,3 +86,21 @@ def test_an_unreachable_ray_address_is_one_line(tmp_path):
     assert bench.returncode == 2, bench.stderr
     assert bench.stderr.count("\n") == 1 and \
         "--ray 127.0.0.1:1: cannot reach a Ray cluster" in bench.stderr, bench.stderr
+
+
+@pytest.mark.multiproc
+def test_ray_cells_of_one_workload_share_one_profile(tmp_path):
+    """Profiled cells (compute.model = "profile"): the first of the workload runs, then the
+    others with its times (bench/profiles.py), whichever node runs them."""
+    from fastsgd.config import schema as cfg
+    from fastsgd.transport.sim.compute import TIMES
+
+    spec = tmp_path / "sweep.toml"
+    spec.write_text(SPEC.replace('compute.model = "fixed"\ncompute.step_time = "2ms"\n', "")
+                    .replace("run.steps = 30", "run.steps = 4"))
+    driver = subprocess.run([sys.executable, "-c", DRIVER, str(spec), str(tmp_path / "ray")],
+                            capture_output=True, text=True, env=_env(), timeout=600)
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    computes = [cfg.read_toml(p)["compute"] for p in (tmp_path / "ray").glob("cells/*/config.toml")]
+    assert len(computes) == 2
+    assert len({tuple(c[k] for k in TIMES if k != "strategy") for c in computes}) == 1

@@ -5,8 +5,9 @@ BENCH_DIR/cells/ID: no shared filesystem is needed. Every node needs fastsgd and
 (`pip install "fastsgd[ray]"`), and the datasets the spec names.
 
 Simulated cells with a fixed compute model are deterministic, so a cell's files are the same
-bits whichever node ran it; real cells, and simulated ones that profile or measure compute,
-measure the node they ran on."""
+bits whichever node ran it; real cells, and simulated ones that measure compute, measure
+the node they ran on; those that profile it, the node that ran the first cell of their
+workload (profiles.py)."""
 
 from __future__ import annotations
 
@@ -69,12 +70,14 @@ def _run_remotely(mode: str, config_toml: str) -> tuple[int, str, bytes]:
         return proc.returncode, proc.stdout + proc.stderr, archive.getvalue()
 
 
-def run_cell_on_ray(ray: Any, folder: Path, cell: Cell) -> tuple[int, str]:
-    """Run `cell` as a Ray task and unpack its run directory into `folder`."""
+def run_cell_on_ray(ray: Any, folder: Path, cell: Cell,
+                    config: dict[str, Any] | None = None) -> tuple[int, str]:
+    """Run `cell` (with `config`, its own where None) as a Ray task and unpack its run
+    directory into `folder`."""
     # a real cell's workers are processes of their own: it reserves a CPU for each
     cpus = cell.config["run"]["workers"] if cell.mode != "simulate" else 1
     task = ray.remote(max_retries=RETRIES, num_cpus=cpus)(_run_remotely)
-    code, output, archive = ray.get(task.remote(cell.mode, cfg.to_toml(cell.config)))
+    code, output, archive = ray.get(task.remote(cell.mode, cfg.to_toml(config or cell.config)))
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     if archive:

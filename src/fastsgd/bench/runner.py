@@ -3,7 +3,8 @@ its own `fastsgd run|simulate` process writing its run directory under BENCH_DIR
 then report on them all (BENCH_DIR/report/: each cell's time to its run's target,
 run.target_loss where set, else run.target_accuracy, scored over seeds as MLPerf does).
 Cells already done are skipped, so a bench that stopped goes on where it was; a cell that
-fails is named, with its error, and the others go on."""
+fails is named, with its error, and the others go on. Cells of one workload that profile
+their compute are charged one profile (profiles.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from fastsgd.bench.cluster import connect, run_cell_on_ray
 from fastsgd.bench.netns import Refused, check_can_emulate
+from fastsgd.bench.profiles import Profiles, with_times
 from fastsgd.bench.spec import Cell, cells, command, load_spec
 from fastsgd.config import schema as cfg
 from fastsgd.errors import Interrupted, UserError
@@ -75,8 +77,9 @@ def run_bench(spec: str | Path, out: str | Path | None = None, jobs: int = 1,
     where = f"on the Ray cluster {ray_address}" if ray else f"{jobs} at a time"
     print(f"bench {spec}: {_cells(len(matrix))}, {len(matrix) - len(todo)} done before, "
           f"{len(todo)} to run, {where}, in {root}", file=sys.stderr)
+    profiles = Profiles(matrix, lambda c: cell_dir(root, c), lambda c: done(root, c))
     try:
-        failed = _run_all(root, todo, jobs, ray, quiet)
+        failed = _run_all(root, _waves(todo, jobs, ray, profiles), ray, quiet, profiles)
     except KeyboardInterrupt:
         _stop_cells()
         finished = sum(done(root, c) for c in matrix)
@@ -109,15 +112,30 @@ def timed(cell: Cell) -> bool:
     return cell.mode != "simulate" or cell.config["compute"]["model"] != "fixed"
 
 
-def _run_all(root: Path, todo: list[Cell], jobs: int, ray: Any, quiet: bool) -> list[Cell]:
+def _waves(todo: list[Cell], jobs: int, ray: Any, profiles: Profiles
+           ) -> list[tuple[list[Cell], int]]:
+    """The cells to run, in waves, each with how many run at a time: here, those whose
+    results depend on this machine's speed after the others, one at a time; on Ray, all at
+    once. Last, the cells given another cell's profile (profiles.py), once it is done."""
+    later = {c.id for c in profiles.given(todo)}
+    alone = [] if ray else [c for c in todo if timed(c) and c.id not in later]
+    first = [c for c in todo if c.id not in later | {a.id for a in alone}]
+    return [(first, jobs), (alone, 1),
+            ([c for c in todo if c.id in later], jobs if ray else 1)]
+
+
+def _run_all(root: Path, waves: list[tuple[list[Cell], int]], ray: Any, quiet: bool,
+             profiles: Profiles) -> list[Cell]:
     failed: list[Cell] = []
     finished = 0
-    progress = Progress(len(todo), enabled=not quiet and bool(todo))
-    alone = [] if ray else [c for c in todo if timed(c)]  # after the others, one at a time
-    for batch, width in (([c for c in todo if c not in alone], jobs), (alone, 1)):
+    total = sum(len(batch) for batch, _ in waves)
+    progress = Progress(total, enabled=not quiet and total > 0)
+    for batch, width in waves:
+        if not batch:
+            continue
         pool = ThreadPoolExecutor(max_workers=width)
-        try:
-            futures = {pool.submit(run_cell, root, c, ray): c for c in batch}
+        try:  # a cell's times are looked up as it starts: those before it are done
+            futures = {pool.submit(_start, root, c, ray, profiles): c for c in batch}
             for future in as_completed(futures):
                 cell, error = futures[future], future.result()
                 if error:
@@ -129,6 +147,10 @@ def _run_all(root: Path, todo: list[Cell], jobs: int, ray: Any, quiet: bool) -> 
             pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: queued cells never start
     progress.close()
     return failed
+
+
+def _start(root: Path, cell: Cell, ray: Any, profiles: Profiles) -> str | None:
+    return run_cell(root, cell, ray, profiles.times(cell))
 
 
 _running: dict[subprocess.Popen, str] = {}  # the cells' processes and modes, for Ctrl-C
@@ -171,20 +193,22 @@ def done(root: Path, cell: Cell) -> bool:
     return (cell_dir(root, cell) / "summary.json").is_file()
 
 
-def run_cell(root: Path, cell: Cell, ray: Any = None) -> str | None:
-    """One cell as a process of its own, here or as a Ray task; None, or the last lines of
-    its error."""
+def run_cell(root: Path, cell: Cell, ray: Any = None,
+             times: dict[str, Any] | None = None) -> str | None:
+    """One cell as a process of its own, here or as a Ray task, charged the compute `times`
+    another cell of its workload measured, if given; None, or the last lines of its error."""
     folder = cell_dir(root, cell)
     folder.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    config = with_times(cell, times or {})
     if ray is not None:
         try:
-            code, output = run_cell_on_ray(ray, folder, cell)
+            code, output = run_cell_on_ray(ray, folder, cell, config)
         except Exception as e:  # noqa: BLE001 - Ray's: the task failed, its retries too
             code, output = 1, f"the Ray task failed: {str(e).strip() or type(e).__name__}"
     else:
         spec = folder.parent / f"{cell.id}.toml"
-        spec.write_text(cfg.to_toml(cell.config))
+        spec.write_text(cfg.to_toml(config))
         code, output = _process(cell.mode, spec, folder)
     (folder.parent / f"{cell.id}.log").write_text(
         f"# {cell.label}, {time.perf_counter() - start:.1f} s, exit {code}\n{output}")

@@ -171,9 +171,12 @@ SCHEMA: dict[str, dict[str, Option]] = {
     "compute": {  # the simulator's compute model; slowdown and stragglers act on real runs too
         "model": Option(str, "profile", one_of(("profile", "fixed", "measured")),
                         "simulated compute: profile | fixed | measured (docs/simulator.md)"),
-        "step_time": _time("fixed: forward + backward, charged 1:2, e.g. 25ms"),
-        "forward": _time("time of one forward pass (profile measures it)"),
-        "backward": _time("time of one backward pass (profile measures it)"),
+        "step_time": _time("fixed: forward + backward of one optimizer step (all its "
+                           "run.accumulate micro-batches), charged 1:2, e.g. 25ms"),
+        "forward": _time("time of one optimizer step's forward passes (run.accumulate of "
+                         "them; profile measures it)"),
+        "backward": _time("time of one optimizer step's backward passes (run.accumulate of "
+                          "them; profile measures it)"),
         "update": _time("time of one optimizer step (profile measures it)"),
         "codec": _time("time to encode + decode one whole gradient (profile measures it); "
                        "charged for what the strategy encodes"),

@@ -2,18 +2,19 @@
 
 The simulator then charges these fixed times, so a run repeats exactly; they are written into
 the run's config.toml, so `fastsgd simulate runs/X/config.toml` charges the same times
-without measuring again. Each time is the median of `repeat` iterations after `warmup`, on
-a throwaway copy of the model, with worker 0's batches.
+without measuring again. Each time is the median of `repeat` steps after `warmup`, on a
+throwaway copy of the model, with worker 0's batches; a step is a worker's: run.accumulate
+forward and backward passes of data.batch_size (run.precision's), summed, then one update.
 
 With the times, profile writes `compute.profiled`: what they were measured for (the keys
 that change them: the model, its step, its parameters' count and dtype, the input's shape,
-the batch size, the optimizer but its learning rate, the codec, the strategy) and the times
-themselves. A config whose times were measured for another job (the same config.toml with
-another batch size or codec) is profiled again; another seed or number of workers keeps
-them, and another strategy measures only its own round (`compute.strategy`: an average, an
-outer step, on one worker alone, charged per share of the model a round covers:
-Context.worked), so strategies are compared on the same forward, backward and update.
-"""
+the batch size, run.accumulate and run.precision, the optimizer but its learning rate, the
+codec, the strategy) and the times themselves. A config whose times were measured for
+another job (the same config.toml with another batch size or codec) is profiled again;
+another seed or number of workers keeps them, and another strategy measures only its own
+round (`compute.strategy`: an average, an outer step, on one worker alone, charged per share
+of the model a round covers: Context.worked), so strategies are compared on the same
+forward, backward and update (so do a bench's cells: bench/profiles.py)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ from typing import Any
 
 import torch
 
+from fastsgd.config import schema as cfg
 from fastsgd.config.units import format_ns
 from fastsgd.errors import UserError
 from fastsgd.loop.checked_step import StepChecks
+from fastsgd.loop.kit.precision import Precision
 from fastsgd.loop.plan import Plan
 from fastsgd.loop.replica import Replica, replica_tensors
 from fastsgd.strategies.params import flatten
@@ -36,6 +39,13 @@ from fastsgd.transport.base import Done
 from fastsgd.transport.sim.compute import TIMES
 
 KEYS = (*TIMES, "profiled")  # what profile writes into [compute]
+# config keys whose value the times depend on, beside the optimizer's (but lr), the codec's
+# and the strategy's; the last three came later: a profile written before them had their
+# defaults (one pass of data.batch_size, no autocast), which _difference assumes
+CONFIG_KEYS = ("model.name", "model.step", "model.packed", "data.name", "data.batch_size",
+               "run.accumulate", "run.precision", "model.heads")
+ADDED = CONFIG_KEYS[-3:]
+SECTIONS = ("optimizer", "compression", "strategy")  # every key of theirs, but lr
 
 
 def needs_profile(section: dict) -> bool:
@@ -67,19 +77,31 @@ def profiled(plan: Plan) -> dict[str, Any]:
 def fingerprint(plan: Plan) -> dict[str, Any]:
     """What the profiled times were measured for: the config keys and the model's
     properties that change them (flat, as the keys are named)."""
-    config = plan.config
     with torch.random.fork_rng(devices=[]):  # the run's random draws stay as they were
         params = list(plan.make_model().parameters())
-    out: dict[str, Any] = {f"model.{k}": config["model"][k] for k in ("name", "step", "packed")}
-    out.update({"data.name": config["data"]["name"],
-                "data.batch_size": config["data"]["batch_size"],
-                "input_shape": list(plan.dataset.train_x.shape[1:]),
+    out = _config_keys(plan.config)
+    out.update({"input_shape": list(plan.dataset.train_x.shape[1:]),
                 "parameters": sum(p.numel() for p in params),
                 "dtype": ",".join(sorted({str(p.dtype).removeprefix("torch.") for p in params}))})
-    for section in ("optimizer", "compression", "strategy"):
+    return out
+
+
+def _config_keys(config: dict) -> dict[str, Any]:
+    """The fingerprint's config keys, as written (a value TOML cannot hold: its repr)."""
+    out = {key: config[key.partition(".")[0]][key.partition(".")[2]] for key in CONFIG_KEYS}
+    for section in SECTIONS:
         out.update({f"{section}.{k}": v if isinstance(v, (str, int, float, bool, list))
                     else repr(v) for k, v in config[section].items() if k != "lr"})
     return out
+
+
+def workload(config: dict) -> dict[str, Any]:
+    """What a config's times are a function of, its strategy aside: the fingerprint's keys,
+    and for what the fingerprint reads off the model and data (the parameters, the input's
+    shape), the model's and data's sections whole. Cells of a bench that agree on it share
+    one profile (bench/profiles.py)."""
+    whole = {f"{s}.{k}": v for s in ("model", "data") for k, v in config[s].items()}
+    return _but_strategy({**_config_keys(config), **whole})
 
 
 def _but_strategy(measured_for: dict[str, Any]) -> dict[str, Any]:
@@ -88,10 +110,13 @@ def _but_strategy(measured_for: dict[str, Any]) -> dict[str, Any]:
 
 
 def _difference(written: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """The first key of what the times were measured for that this run has otherwise."""
+    """The first key of what the times were measured for that this run has otherwise (a
+    key of ADDED that `written` lacks: its default)."""
     for key in [*now, *(k for k in written if k not in now and k not in TIMES)]:
-        if written.get(key) != now.get(key):
-            return f"{key} = {_shown(written.get(key))}, this run has {_shown(now.get(key))}"
+        section, _, name = key.partition(".")
+        was = written.get(key, cfg.SCHEMA[section][name].default if key in ADDED else None)
+        if was != now.get(key):
+            return f"{key} = {_shown(was)}, this run has {_shown(now.get(key))}"
     return None
 
 
@@ -142,27 +167,42 @@ def _steps(plan: Plan, warmup: int, repeat: int) -> tuple[dict[str, list[float]]
                                        "strategy": []}
     step = StepChecks(plan.step, list(model.parameters()), "profiling (compute.model = "
                       "'profile'): ")  # the workers' checks, before the run
+    precision = Precision(plan.config["run"]["precision"], torch.device("cpu"))
     twin = _sharing(model)
     round_ = _strategy_round(plan, twin)
     start = [t.detach().clone() for t in replica_tensors(model)]
     for k in range(warmup + repeat):
-        x, y = shard.batch(k)
         optimizer.zero_grad()
+        seconds = _passes(model, step, precision, shard.batch(k),
+                          plan.config["run"]["accumulate"])
         t0 = time.perf_counter()
-        loss = step(model, (x, y))
-        t1 = time.perf_counter()
-        loss.backward()
-        step.backward_done()
-        t2 = time.perf_counter()
         optimizer.step()
-        t3 = time.perf_counter()
-        seconds = [t1 - t0, t2 - t1, t3 - t2]
+        seconds.append(time.perf_counter() - t0)
         if round_ is not None:
             seconds.append(_timed_round(round_, twin, model, start))
         if k >= warmup:
             for phase, took in zip(samples, seconds):
                 samples[phase].append(took)
     return samples, model
+
+
+def _passes(model: torch.nn.Module, step: StepChecks, precision: Precision,
+            batch: tuple[torch.Tensor, torch.Tensor], accumulate: int) -> list[float]:
+    """The seconds of a worker's forward passes and of its backward passes in one step (each
+    summed): one of each per micro-batch of run.accumulate, weighed by its samples, as
+    loop/kit/accumulate.py computes them."""
+    x, y = batch
+    parts = min(accumulate, len(x))
+    forward = backward = 0.0
+    for micro in zip(x.tensor_split(parts), y.tensor_split(parts)):
+        t0 = time.perf_counter()
+        with precision.autocast():
+            loss = step(model, micro)
+        t1 = time.perf_counter()
+        precision.backward(loss * (len(micro[0]) / len(x)) if parts > 1 else loss)
+        forward, backward = forward + t1 - t0, backward + time.perf_counter() - t1
+    step.backward_done()
+    return [forward, backward]
 
 
 def _timed_round(round_: Callable[[], None], twin: torch.nn.Module, model: torch.nn.Module,

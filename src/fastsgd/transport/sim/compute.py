@@ -2,7 +2,11 @@
 
 - `profile` and `fixed` charge fixed times per phase (forward, backward, update, codec, and
   the strategy's own work: Context.worked), in
-  integer nanoseconds, so a run is a pure function of its config and seed;
+  integer nanoseconds, so a run is a pure function of its config and seed. Forward,
+  backward and update are charged once an optimizer step: forward and backward (step_time)
+  are the whole step's, all its run.accumulate micro-batches, as profile measures them;
+  like data.batch_size, run.accumulate changes them where profile measures them again,
+  not under fixed;
 - `measured` charges the wall time the worker took (exploration only: not reproducible).
 
 Heterogeneity multiplies a phase's time by a factor drawn from a random stream of its own per
@@ -157,7 +161,8 @@ def _check_fixed(section: dict, hand: list[str]) -> None:
 
 def compute_model(section: dict, seed: int) -> ComputeModel:
     """The compute model a `[compute]` section describes (profile's times filled in).
-    Under fixed, step_time replaces forward and backward that profile wrote."""
+    Under fixed, step_time (a whole optimizer step's forward + backward, whatever
+    run.accumulate) replaces forward and backward that profile wrote."""
     check_times(section)
     kind = section["model"]
     times = {p: to_ns(parse_seconds(section[p], f"compute.{p}")) if section[p] else 0
