@@ -23,6 +23,7 @@ from fastsgd.records.metrics import (
     write_json,
 )
 from fastsgd.records.trained import sample
+from fastsgd.strategies.capabilities import capabilities_of
 
 
 def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
@@ -33,7 +34,8 @@ def finish(ctx: LoopContext, wall_time: float) -> dict[str, Any] | None:
     if ctx.state.evaluated != ctx.steps:
         evaluate(ctx, ctx.steps)
     state = ctx.state
-    totals = torch.tensor([state.sent, state.received, _rate(ctx, end), state.skipped,
+    lead = _lead(ctx) if _drains_async(ctx) else 0.0  # the same on every worker: collective
+    totals = torch.tensor([state.sent, state.received, _rate(ctx, end, lead), state.skipped,
                            state.idle, state.dropped], dtype=torch.float64, device=ctx.t.device)
     ctx.t.all_reduce(totals)
     # the run ends with its last worker: asynchronous ones end apart (hogwild with a slow
@@ -73,17 +75,41 @@ def rejoined_workers(ctx: LoopContext) -> list[dict[str, Any]]:
             for r in rejoins]
 
 
-def _rate(ctx: LoopContext, end: float) -> float:
-    """This worker's samples a second up to its last step (where asynchronous strategies
-    drain, waiting for the slowest: fast workers get more done), or up to the last step it
-    trained (its strategy ended it: Context.end)."""
-    state, steps, seconds = ctx.state, ctx.steps, end
+def _rate(ctx: LoopContext, end: float, lead: float = 0.0) -> float:
+    """This worker's samples a second: every step it trained, the last included, over the
+    run's clock when the last one ended (`end`; evaluations and checkpoints are not on it).
+    In a lockstep or periodic strategy the last step's synchronization (an all-reduce, an
+    outer step, a final average) is part of the method's cost, and is charged. Two cases
+    differ:
+
+    - an asynchronous drain (capabilities.async_drain: ssp, ps, sgp, adpsgd, async_diloco):
+      on its last step a fast worker waits for the slowest, for being faster (before, it
+      waited for no one, or only within a bound). That wait, `lead` (how far its
+      second-to-last step ended ahead of the slowest worker's, _lead), is not charged to
+      it; the rest of the drain, its own messages still queued on the network, is.
+    - a worker whose strategy ended its training (Context.end; `idle_steps`): the steps it
+      trained, over the clock when its last one ended."""
+    state, steps, seconds = ctx.state, ctx.steps, end - lead
     if state.idle:
         steps, seconds = ctx.steps - state.idle, state.penultimate or end
-    elif ctx.steps > 1 and state.penultimate is not None:
-        steps, seconds = ctx.steps - 1, state.penultimate
     # no time passed (no compute, no network: a model of nothing): no rate, not a rate of 0
     return steps * _worker_batch(ctx) / seconds if seconds > 0 else math.nan
+
+
+def _lead(ctx: LoopContext) -> float:
+    """Collective: how long before the slowest worker this one ended its second-to-last
+    step (0 for the slowest, or where there was no such step)."""
+    mine = ctx.state.penultimate
+    at = torch.tensor([math.nan if mine is None else mine], dtype=torch.float64,
+                      device=ctx.t.device)
+    ends = [float(e[0]) for e in ctx.t.all_gather(at)]
+    known = [e for e in ends if not math.isnan(e)]
+    return max(known) - mine if mine is not None and known else 0.0
+
+
+def _drains_async(ctx: LoopContext) -> bool:
+    """Does this run's strategy drain asynchronously (capabilities.async_drain)?"""
+    return capabilities_of(ctx.replica.strategy).async_drain
 
 
 def _worker_batch(ctx: LoopContext) -> int:

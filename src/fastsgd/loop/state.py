@@ -40,7 +40,10 @@ class LoopState:
     paused: float = 0.0  # checkpoint time on the run's clock
     start: float = 0.0  # the transport's clock when training started, shifted on resume
     wall: float = 0.0  # wall seconds of training in earlier attempts
-    penultimate: float | None = None  # the run's clock after the second-to-last step
+    # the run's clock after the second-to-last step (where a strategy with an asynchronous
+    # drain's rate stops: results._rate), or after the last step trained if the strategy
+    # ended this worker's training
+    penultimate: float | None = None
     lost_before: list = field(default_factory=list)  # summary's lost_workers before a resume
 
     def state_dict(self, clock: float, wall: float) -> dict[str, Any]:

@@ -63,6 +63,7 @@ def run(ctx: LoopContext) -> dict[str, Any] | None:
     """Every step from the first (or the checkpoint's, or the donor's) to the last; the
     run's summary on the leader. A lost worker is recovered from (recovery.py)."""
     k = resume.start(ctx) if getattr(ctx.t, "joining", None) is None else rejoin.join(ctx)
+    ctx.progress.follow(ctx.log)  # the bar shows the latest evaluation the log holds
     cfg = ctx.plan.config["run"]
     every, eval_every = cfg["checkpoint_every"], cfg["eval_every"]
     while k < ctx.steps:
@@ -78,7 +79,7 @@ def run(ctx: LoopContext) -> dict[str, Any] | None:
                 ctx.progress.close()
                 return None
             continue
-        ctx.progress.update(k + 1, loss, ctx.log.last and ctx.log.last[1])
+        ctx.progress.update(k + 1, loss)
         ctx.events.look(ctx.rank == ctx.leader, ctx.wall(),
                         None if ctx.plan.simulated else ctx.metrics.flush)
         if every and ((k + 1) % every == 0 or k + 1 == ctx.steps):
@@ -92,12 +93,14 @@ def run(ctx: LoopContext) -> dict[str, Any] | None:
             return None  # Ctrl-C: the launcher says how to resume
         k += 1
     ctx.metrics.flush()
-    ctx.progress.close()
-    while True:
-        try:
-            return finish(ctx, ctx.wall())
-        except GroupBroken as e:
-            recovery.recover(ctx, e)
+    try:
+        while True:
+            try:
+                return finish(ctx, ctx.wall())
+            except GroupBroken as e:
+                recovery.recover(ctx, e)
+    finally:
+        ctx.progress.close()  # after the final evaluation, which its last line shows
 
 
 def idle(ctx: LoopContext, k: int) -> float:
@@ -141,7 +144,7 @@ def step(ctx: LoopContext, k: int) -> float:
     if ctx.replica.ctx.ended:  # its last trained step: its rate counts up to here
         state.ended, state.dropped, state.penultimate = True, ctx.replica.ctx.dropped, now()
     t7 = now()
-    if k == ctx.steps - 2:
+    if k == ctx.steps - 2:  # an asynchronous drain's rate stops here (results._rate)
         state.penultimate = t7
     state.sent += t.bytes_sent - sent
     state.received += t.bytes_received - received

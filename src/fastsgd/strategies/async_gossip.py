@@ -64,6 +64,7 @@ class SGP(OnGraph):
     name = "sgp"
     capabilities = Capabilities(
         drains_at_end=True,  # takes in every push still on the wire (ctx.total_steps)
+        async_drain=True,  # the slowest's pushes included
         codec_kinds=("exact", "quantize", "sparse"),
         carries_on=("exact", "quantize", "sparse"),  # a lost worker's share leaves with it
         carries_on_real=True,  # also on real processes: no collective while training

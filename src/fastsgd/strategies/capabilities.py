@@ -56,8 +56,8 @@ class Capabilities:
     - `async_drain` (default False): the workers do not wait for one another while training
       (or only within a bound, as ssp's staleness), and the drain on the last step waits
       for the slowest: there a fast worker waits for being faster. summary.json's
-      `samples_per_second` then counts each worker's steps but the last, over the run's
-      clock when its second-to-last step ended, so that the wait is not charged to it.
+      `samples_per_second` then leaves that wait (how far ahead of the slowest its
+      second-to-last step ended) out of each worker's time; its own queued messages stay.
       False (lockstep and periodic strategies, whose last step holds a synchronization that
       is part of the method's cost, and those with no drain): every step, over the clock
       when the last one ended. (ssp, ps, sgp, adpsgd and async_diloco declare it.)

@@ -63,6 +63,7 @@ class ADPSGD(OnGraph):
     name = "adpsgd"
     capabilities = Capabilities(
         drains_at_end=True,  # answers and collects every exchange still out (ctx.last_step)
+        async_drain=True,  # the slowest's included
         codec_kinds=("exact", "quantize", "sparse"),
         carries_on=("exact", "quantize", "sparse"),  # an exchange with a lost peer is given up
         carries_on_real=True,  # also on real processes: no collective while training

@@ -49,6 +49,7 @@ class ParameterServer(StrategyBase):
     name = "ps"
     capabilities = Capabilities(
         drains_at_end=True,  # a final push and fetch, waited for (ctx.last_step)
+        async_drain=True,  # ... until every worker's final push is in
         codec_kinds=("exact", "quantize", "sparse"),
         carries_on=("exact", "quantize", "sparse"),  # a server forgets a lost worker
         carries_on_real=True,  # also on real processes: no collective while training

@@ -33,7 +33,8 @@ Params = list[torch.nn.Parameter]
 class StaleSynchronous(StrategyBase):
     name = "ssp"
     # drains: applies every all-reduce still in flight (ctx.last_step)
-    capabilities = Capabilities(codec_kinds=KINDS, drains_at_end=True)
+    # the drain waits for the slowest's last steps (async_drain: not charged to the rate)
+    capabilities = Capabilities(codec_kinds=KINDS, drains_at_end=True, async_drain=True)
     OPTIONS = {"staleness": Option(int, 2, at_least(0), "steps a peer's gradient may lag"),
                "adapt_optimizer": ADAPT_OPTION}
 

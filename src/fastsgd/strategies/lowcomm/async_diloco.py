@@ -85,6 +85,7 @@ class AsyncDiLoCo(StrategyBase):
     name = "async_diloco"
     capabilities = Capabilities(
         drains_at_end=True,  # the final pushes are answered together (ctx.last_step)
+        async_drain=True,  # once the quorum's slowest has pushed
         codec_kinds=("exact", "quantize", "sparse"),  # the push; the answer is exact
         refused_codecs=("dgc",))  # momentum correction: a second momentum on the pseudo-grad
     OPTIONS = {
