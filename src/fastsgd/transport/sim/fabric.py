@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ class SimFabric:
         self.awaiting: dict[int, int] = {}  # rank -> message tag it blocks on
         self.handlers: dict[tuple[int, int], Callable[[int, torch.Tensor], None]] = {}
         self.handling_at: int | None = None  # set while a handler runs (scheduler thread)
-        self.shared: dict[str, torch.Tensor] = {}
+        self.shared: dict[str, Any] = {}  # shared_tensor: the tensors, and what was offered
         self.membership = Membership(Faults() if faults is None else faults, world_size)
         self.news: dict[int, int] = {}  # rank -> the departure that woke it
         self.on_death: list[Callable[[], None]] = []  # e.g. the observer counting again

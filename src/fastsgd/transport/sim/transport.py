@@ -171,11 +171,15 @@ class SimTransport(SimClock, SimMembers):
         return received
 
     def shared_tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        """One tensor for all the simulated workers (they share one process)."""
+        """One tensor for all the simulated workers (they share one process): the lowest
+        rank's `like`, whichever worker the scheduler runs first (so a run repeats)."""
         self.barrier()
-        shared = self.fabric.shared.setdefault(name, like.detach().reshape(-1).clone())
-        self.barrier()
-        return shared
+        offered = self.fabric.shared.setdefault(f"{name}/offered", {})
+        offered[self.rank] = like
+        self.barrier()  # every worker has offered its own
+        if name not in self.fabric.shared:
+            self.fabric.shared[name] = offered[min(offered)].detach().reshape(-1).clone()
+        return self.fabric.shared[name]
 
     def start_messages(self) -> None:
         """Nothing to start: the simulated network delivers mail by itself."""
