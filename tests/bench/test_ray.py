@@ -30,6 +30,7 @@ network.bandwidth = "100Mbit"
 [axes]
 "strategy.name" = ["dpsgd", "sgp"]
 """
+
 SAME = ("model.pt", "metrics.jsonl", "eval.jsonl")
 
 
@@ -44,7 +45,8 @@ import ray
 from fastsgd.bench import run_bench
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 try:
-    code = run_bench(Path(sys.argv[1]), Path(sys.argv[2]), quiet=True, ray_address="auto")
+    code = max(run_bench(Path(spec), Path(out), quiet=True, ray_address="auto")
+               for spec, out in zip(sys.argv[1::2], sys.argv[2::2]))  # SPEC OUT pairs
 finally:
     ray.shutdown()
 sys.exit(code)
@@ -59,12 +61,22 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.multiproc
-def test_ray_cells_are_the_bits_of_local_cells(tmp_path):
-    spec = tmp_path / "sweep.toml"
+def test_ray_cells_are_the_bits_of_local_cells_and_share_one_profile(tmp_path):
+    from fastsgd.config import schema as cfg
+    from fastsgd.transport.sim.compute import TIMES
+
+    spec, profiled = tmp_path / "sweep.toml", tmp_path / "profiled.toml"
     spec.write_text(SPEC)
-    driver = subprocess.run([sys.executable, "-c", DRIVER, str(spec), str(tmp_path / "ray")],
+    profiled.write_text(SPEC.replace('compute.model = "fixed"\ncompute.step_time = "2ms"\n', "")
+                        .replace("run.steps = 30", "run.steps = 4"))
+    driver = subprocess.run([sys.executable, "-c", DRIVER, str(spec), str(tmp_path / "ray"),
+                             str(profiled), str(tmp_path / "ray-profiled")],
                             capture_output=True, text=True, env=_env(), timeout=600)
     assert driver.returncode == 0, driver.stderr[-3000:]
+    computes = [cfg.read_toml(p)["compute"]
+                for p in (tmp_path / "ray-profiled").glob("cells/*/config.toml")]
+    assert len(computes) == 2
+    assert len({tuple(c[k] for k in TIMES if k != "strategy") for c in computes}) == 1
     assert run_bench(spec, tmp_path / "local", jobs=2, quiet=True) == 0
     ids = sorted(p.name for p in (tmp_path / "local" / "cells").iterdir() if p.is_dir())
     assert len(ids) == 2
@@ -86,21 +98,3 @@ def test_an_unreachable_ray_address_is_one_line(tmp_path):
     assert bench.returncode == 2, bench.stderr
     assert bench.stderr.count("\n") == 1 and \
         "--ray 127.0.0.1:1: cannot reach a Ray cluster" in bench.stderr, bench.stderr
-
-
-@pytest.mark.multiproc
-def test_ray_cells_of_one_workload_share_one_profile(tmp_path):
-    """Profiled cells (compute.model = "profile"): the first of the workload runs, then the
-    others with its times (bench/profiles.py), whichever node runs them."""
-    from fastsgd.config import schema as cfg
-    from fastsgd.transport.sim.compute import TIMES
-
-    spec = tmp_path / "sweep.toml"
-    spec.write_text(SPEC.replace('compute.model = "fixed"\ncompute.step_time = "2ms"\n', "")
-                    .replace("run.steps = 30", "run.steps = 4"))
-    driver = subprocess.run([sys.executable, "-c", DRIVER, str(spec), str(tmp_path / "ray")],
-                            capture_output=True, text=True, env=_env(), timeout=600)
-    assert driver.returncode == 0, driver.stderr[-3000:]
-    computes = [cfg.read_toml(p)["compute"] for p in (tmp_path / "ray").glob("cells/*/config.toml")]
-    assert len(computes) == 2
-    assert len({tuple(c[k] for k in TIMES if k != "strategy") for c in computes}) == 1
