@@ -21,26 +21,30 @@ def counted(counts: Counter, show: Callable[[Any], str]) -> str:
                      for value, n in sorted(counts.items()))
 
 
-def tokens_note(table: list[dict[str, Any]]) -> str:
-    """One line saying that the language models of these rows trained on different numbers
-    of tokens; "" where they all trained on as many (or there is at most one)."""
-    counts = Counter(r["tokens"] for r in table if r.get("tokens") is not None)
+def differing(table: list[dict[str, Any]], key: str, what: str,
+              show: Callable[[Any], str], advice: str) -> str:
+    """One line saying that the rows' `key` differs ("Note: these language models WHAT:
+    COUNTS; ADVICE"); "" where every row that has one has the same (or at most one has)."""
+    counts = Counter(r[key] for r in table if r.get(key) is not None)
     if len(counts) < 2:
         return ""
-    return ("Note: these language models trained on different numbers of tokens: "
-            f"{counted(counts, lambda n: human_count(n) + ' tokens')}; compare their losses "
-            "only between runs of equal tokens (the tokens column).")
+    return f"Note: these language models {what}: {counted(counts, show)}; {advice}."
+
+
+def tokens_note(table: list[dict[str, Any]]) -> str:
+    """The language models of these rows trained on different numbers of tokens."""
+    return differing(table, "tokens", "trained on different numbers of tokens",
+                     lambda n: human_count(n) + " tokens",
+                     "compare their losses only between runs of equal tokens (the tokens "
+                     "column)")
 
 
 def context_note(table: list[dict[str, Any]]) -> str:
-    """One line saying that the language models of these rows have different contexts, so
-    that their validation losses are over windows of different lengths; "" where not."""
-    counts = Counter(r["context"] for r in table if r.get("context") is not None)
-    if len(counts) < 2:
-        return ""
-    return ("Note: these language models have different contexts (model.context): "
-            f"{counted(counts, lambda n: f'{n} tokens')}; their validation losses are over "
-            "windows of different lengths: compare losses only between runs of one context.")
+    """The language models of these rows have different contexts, so that their validation
+    losses are over windows of different lengths."""
+    return differing(table, "context", "have different contexts (model.context)",
+                     lambda n: f"{n} tokens", "their validation losses are over windows of "
+                     "different lengths: compare losses only between runs of one context")
 
 
 def notes(table: list[dict[str, Any]]) -> list[str]:
