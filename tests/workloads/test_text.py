@@ -44,11 +44,49 @@ def test_the_default_corpus_is_the_standard_library():
     assert len(ds.test_x) == VALIDATION_WINDOWS
 
 
+def _shard(ds, batch, rank=0, world=1, seed=3):
+    return Shard(ds.train_x, ds.train_y, batch, rank, world, seed=seed, tokens=ds.train_tokens)
+
+
 def test_workers_share_the_global_batch_of_one_process(tmp_path):
     ds = load_dataset("text", str(_corpus(tmp_path / "c")), context=8)
-    whole = Shard(ds.train_x, ds.train_y, 8, 0, 1, seed=3).batch(5)[0]
-    parts = [Shard(ds.train_x, ds.train_y, 2, r, 4, seed=3).batch(5)[0] for r in range(4)]
+    whole = _shard(ds, 8).batch(5)[0]
+    parts = [_shard(ds, 2, r, 4).batch(5)[0] for r in range(4)]
     assert torch.equal(torch.cat(parts), whole)
+
+
+def _starts(shard, stream, epoch):
+    """Where each window of `epoch` starts in `stream` (its first context tokens are unique:
+    the corpus counts up)."""
+    x = torch.cat([shard.batch(epoch * shard.steps_per_epoch + k)[0]
+                   for k in range(shard.steps_per_epoch)])
+    assert torch.equal(x[:, 1:] - x[:, :-1], torch.ones_like(x[:, 1:]))  # whole windows
+    return x[:, 0].long() - int(stream[0])
+
+
+def test_each_epoch_draws_the_windows_at_fresh_offsets_of_the_stream(tmp_path):
+    (tmp_path / "d").mkdir()
+    np.arange(3000, dtype=np.uint16).tofile(tmp_path / "d" / "train.bin")
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "d" / "val.bin")
+    ds = load_dataset("tokens", str(tmp_path / "d"), context=16)
+    shard = _shard(ds, 4)
+    first, second = (_starts(shard, ds.train_tokens, e).sort().values for e in (0, 1))
+    for starts in (first, second):  # window i starts within [16 i, 16 i + 16)
+        assert len(set((starts // 16).tolist())) == len(starts) == 46 * 4
+    assert len(set((first % 16).tolist())) > 8  # at every offset, not one phase
+    assert not torch.equal(first, second)  # and fresh ones each epoch
+    assert torch.equal(_starts(_shard(ds, 4), ds.train_tokens, 1).sort().values, second)
+    last = int(first.max()) + 17
+    assert last <= len(ds.train_tokens)  # never past the training split
+    plain = Shard(ds.train_x, ds.train_y, 4, 0, 1, seed=3)  # no stream: the cut windows
+    assert set(_starts(plain, ds.train_tokens, 0).tolist()) <= set(range(0, 3000, 16))
+
+
+def test_a_stream_that_cannot_hold_the_windows_is_one_line():
+    x = torch.arange(40).view(4, 10)
+    with pytest.raises(UserError, match=r"tokens of shape \(20,\) cannot be the stream of "
+                                        r"\(4, 10\) windows"):
+        Shard(x, torch.zeros(4), 2, 0, 1, seed=0, tokens=torch.arange(20))
 
 
 @pytest.mark.parametrize("case, match", [

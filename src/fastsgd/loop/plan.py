@@ -189,7 +189,8 @@ class Plan:
         data.batch_size each."""
         ds, config = self.dataset, self.config
         batch = config["data"]["batch_size"] * config["run"]["accumulate"]
-        return Shard(ds.train_x, ds.train_y, batch, rank, world_size, config["run"]["seed"])
+        return Shard(ds.train_x, ds.train_y, batch, rank, world_size, config["run"]["seed"],
+                     tokens=ds.train_tokens)
 
     def score(self, model: torch.nn.Module, device: torch.device,
               rank: int | None = None) -> float:

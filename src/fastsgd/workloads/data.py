@@ -1,14 +1,13 @@
-"""Datasets (IDX files, scikit-learn digits, synthetic) and deterministic per-worker sharding."""
+"""Datasets (IDX files, scikit-learn digits, synthetic, text and token files); the sharding of
+their train sets among workers is shard.py's."""
 
 from __future__ import annotations
 
-import copy
 import gzip
 import importlib.util
 import inspect
 from collections.abc import Iterator
 from dataclasses import replace
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from fastsgd.config.objects import WANTED, check_arguments, is_import_path, reso
 from fastsgd.errors import ConfigError, UserError
 from fastsgd.workloads.dataset import Dataset
 from fastsgd.workloads.idx import load_idx_folder
+from fastsgd.workloads.shard import Shard as Shard  # fs.data.Shard
 from fastsgd.workloads.text import (
     BYTES,
     DEFAULT_STEPS,
@@ -134,7 +134,7 @@ def _language(name: str, path: str | None, context: int, dtype: str, vocab: int)
     test_x = validation_windows(val, context)
     return Dataset(name, train_x, torch.zeros(len(train_x), dtype=torch.uint8), test_x,
                    torch.zeros(len(test_x), dtype=torch.uint8), vocab, kind=name,
-                   default_steps=DEFAULT_STEPS, about=about)
+                   default_steps=DEFAULT_STEPS, about=about, train_tokens=train)
 
 
 def load_dataset(name: str, path: str | None = None, seed: int = 0, *, context: int = 128,
@@ -168,91 +168,6 @@ def _user_dataset(name: str) -> object:
         if not inspect.isfunction(factory):
             raise ConfigError(f"data.name = '{name}': {e}; {wanted}") from None
         raise
-
-
-@lru_cache(maxsize=8)
-def _epoch_permutation(n: int, seed: int) -> Tensor:
-    """The permutation of n samples seeded by `seed`, computed once per process: every
-    worker of a simulated cluster (and every shard of one process) shares it, read-only, so
-    1024 simulated workers hold one 8n-byte permutation, not 1024 (0.48 MB each for
-    Fashion-MNIST), and draw it once per epoch, not once per worker. Eight entries cover
-    workers a few epochs apart (asynchronous strategies); an evicted one is recomputed."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-
-
-class Shard:
-    """One worker's view of the train set for synchronous data-parallel training.
-
-    Epoch e permutes the whole train set with seed + e and cuts it into global batches of
-    batch_size * world_size samples (the incomplete last one is dropped); worker `rank` gets
-    the slice [rank * batch_size:(rank + 1) * batch_size] of each global batch.
-
-    `among(i, n)` splits the same global batches among n workers (the survivors of a run that
-    lost workers): part i of n near-equal parts, so that no sample goes unseen and none twice.
-
-    Iterating yields one epoch of batches, `batch(k)` for each of its global steps k; each
-    new `iter(shard)` starts the next epoch (0, 1, 2...; set `epoch` to resume elsewhere).
-    A shard holds references to x and y (the dataset is held once, whatever the number of
-    shards) and shares each epoch's permutation with the other shards of the process.
-    """
-
-    def __init__(
-        self, x: Tensor, y: Tensor, batch_size: int, rank: int, world_size: int, seed: int
-    ) -> None:
-        if len(x) != len(y):
-            raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise UserError(f"invalid worker rank {rank} for world size {world_size}")
-        if batch_size < 1:
-            raise UserError(f"data.batch_size must be positive, got {batch_size}")
-        self.x, self.y = x, y
-        self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
-        self._steps = len(x) // (batch_size * world_size)
-        if self._steps == 0:
-            raise UserError(
-                f"data.batch_size {batch_size} x {world_size} workers exceeds "
-                f"the {len(x)} training samples"
-            )
-        self.epoch = 0  # the epoch the next iter(shard) yields
-        self.part = (rank * batch_size, (rank + 1) * batch_size)  # of each global batch
-
-    def among(self, index: int, count: int) -> Shard:
-        """The same global batches, split among `count` workers: part `index` (the first
-        `size % count` parts have one sample more)."""
-        size = self.batch_size * self.world_size
-        share, extra = divmod(size, count)
-        start = index * share + min(index, extra)
-        split = copy.copy(self)
-        split.part = (start, start + share + (index < extra))
-        return split
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Number of global batches in one epoch."""
-        return self._steps
-
-    def __len__(self) -> int:
-        return self._steps
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        """This worker's batches of one epoch, in order; the next iteration gets the next."""
-        first = self.epoch * self._steps
-        self.epoch += 1  # now, not when the generator starts: two iter() calls never share
-        return (self.batch(k) for k in range(first, first + self._steps))
-
-    def _permutation(self, epoch: int) -> Tensor:
-        """The permutation of the train set for `epoch` (shared, never to be modified)."""
-        return _epoch_permutation(len(self.x), self.seed + epoch)
-
-    def batch(self, step: int) -> tuple[Tensor, Tensor]:
-        """This worker's (x, y) batch for global step `step`."""
-        if step < 0:
-            raise ValueError(f"step must be non-negative, got {step}")
-        epoch, k = divmod(step, self._steps)
-        first = k * self.batch_size * self.world_size
-        idx = self._permutation(epoch)[first + self.part[0] : first + self.part[1]]
-        # index_select: the same rows as x[idx], in half the time (a simulated worker-step)
-        return self.x.index_select(0, idx), self.y.index_select(0, idx)
 
 
 def test_batches(x: Tensor, y: Tensor, batch_size: int = 1000) -> Iterator[tuple[Tensor, Tensor]]:

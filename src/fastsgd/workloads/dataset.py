@@ -35,6 +35,9 @@ class Dataset:
     kind: str = field(default="images", compare=False)
     default_steps: int = field(default=0, compare=False)  # run.epochs = 0: this many, if set
     about: dict = field(default_factory=dict, compare=False)  # data.json: the corpus
+    # a language model's training stream, if train_x holds its windows cut at a stride of
+    # one window less a token: each epoch then draws them at fresh offsets (shard.py)
+    train_tokens: Tensor | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):

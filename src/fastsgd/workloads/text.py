@@ -2,12 +2,14 @@
 token ids (`data.name = "tokens"`, the flat uint16/uint32 layout nanoGPT's prepare scripts
 write), as a `Dataset` whose samples are windows of `model.context + 1` tokens.
 
-The corpus is cut into windows that overlap by one token (each token is a target once);
-every epoch visits them in a fresh order seeded by run.seed + epoch, each worker taking its
-part of every global batch (data.py, Shard), so that a run on W workers sees the batches of
-one process with W times the batch. The windows are strided views of one tensor: a corpus
-is held once, whatever the number of windows or workers. Validation is a fixed set of at
-most VALIDATION_WINDOWS windows spread over the held-out split.
+The training split is cut into windows at a stride of `model.context` tokens; every epoch
+moves each window's start by a seeded draw in [0, model.context), so windows fall at every
+offset of the text as nanoGPT's random windows do, and visits them in a fresh order seeded
+by run.seed + epoch, each worker taking its part of every global batch (shard.py), so that
+a run on W workers sees the batches of one process with W times the batch. Windows are
+strided views of one tensor: a corpus is held once, whatever the number of windows or
+workers. Validation is a fixed set of at most VALIDATION_WINDOWS windows spread over the
+held-out split, at fixed offsets.
 """
 
 from __future__ import annotations
