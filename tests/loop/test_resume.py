@@ -147,3 +147,44 @@ def test_a_finished_run_says_so_instead_of_training_its_last_steps_again(run):
                                         r"on, resume with more \(--set run.steps=8, say\)$"):
         fs.Job(resume=run, quiet=True).simulate()
     assert (run / "metrics.jsonl").read_text() == before
+
+
+def _rewrite_strategy_state(run: Path, step: int, change) -> None:
+    """Change each worker's saved strategy state with `change` and seal the checkpoint
+    again (new digests in its manifest), as a checkpoint of another version would be."""
+    files = sorted(checkpoint.step_dir(run, step).glob("rank-*.pt"))
+    digests = []
+    for file in files:
+        saved = torch.load(file, weights_only=True)
+        change(saved["replica"]["strategy"])
+        saved.pop("format")
+        digests.append(checkpoint.save_worker(run, step, int(file.stem[5:]), saved).hex())
+    checkpoint.commit(run, step, digests, keep=0)
+
+
+def test_a_strategy_state_of_another_shape_is_one_line_naming_its_place(tmp_path):
+    run = tmp_path / "run"
+    options = {**BASE, "strategy.name": "diloco", "strategy.period": 2,
+               "compression.name": "qsgd"}
+    fs.Job(options={**options, "run.out": str(run)}, quiet=True).simulate()
+
+    def longer(state):  # the first tensor one element longer, found wherever it is
+        stack = [(state, k) for k in state]
+        while stack:
+            holder, key = stack.pop(0)
+            value = holder[key]
+            if isinstance(value, torch.Tensor) and value.dim() == 1 and len(value) > 1:
+                holder[key] = torch.cat([value, value[:1]])
+                return
+            if isinstance(value, dict):
+                stack += [(value, k) for k in value]
+            elif isinstance(value, list):
+                stack += [(value, i) for i in range(len(value))]
+        raise AssertionError("no 1-D tensor in the strategy's state")
+
+    _rewrite_strategy_state(run, 4, longer)
+    job = fs.Job(resume=run, quiet=True, options={"run.steps": 6})
+    with pytest.raises(UserError, match=r"rank-00000\.pt was written by another strategy: it "
+                       r"does not fit strategy\.name = 'diloco' \(state\[.*\] holds a tensor "
+                       r"of shape \(\d+,\) where this run's has \(\d+,\)\)"):
+        job.simulate()

@@ -200,17 +200,25 @@ def check_same_model(model: torch.nn.Module, transport: Transport) -> None:
                         "architecture")
 
 
-def _placed_like(saved: Any, fresh: Any, device: torch.device) -> Any:
+def _placed_like(saved: Any, fresh: Any, device: torch.device, where: str = "state") -> Any:
     """`saved` with each tensor on the device of the tensor at the same place in `fresh`
-    (a freshly initialized state), or on `device` where `fresh` has none."""
+    (a freshly initialized state), or on `device` where `fresh` has none. A tensor whose
+    shape is not its fresh counterpart's is a ValueError naming its place (a checkpoint of
+    another strategy, or of the same one made for another model)."""
     if isinstance(saved, torch.Tensor):
-        return saved.to(fresh.device if isinstance(fresh, torch.Tensor) else device)
+        if not isinstance(fresh, torch.Tensor):
+            return saved.to(device)
+        if saved.shape != fresh.shape:
+            raise ValueError(f"{where} holds a tensor of shape {tuple(saved.shape)} where "
+                             f"this run's has {tuple(fresh.shape)}")
+        return saved.to(fresh.device)
     if isinstance(saved, dict):
         fresh = fresh if isinstance(fresh, dict) else {}
-        return {k: _placed_like(v, fresh.get(k), device) for k, v in saved.items()}
+        return {k: _placed_like(v, fresh.get(k), device, f"{where}[{k!r}]")
+                for k, v in saved.items()}
     if isinstance(saved, (list, tuple)):
         fresh = fresh if isinstance(fresh, (list, tuple)) and len(fresh) == len(saved) else ()
-        placed = [_placed_like(v, fresh[i] if fresh else None, device)
+        placed = [_placed_like(v, fresh[i] if fresh else None, device, f"{where}[{i}]")
                   for i, v in enumerate(saved)]
         return type(saved)(placed) if isinstance(saved, list) else tuple(placed)
     return saved

@@ -119,11 +119,14 @@ def load_states(ctx: LoopContext, saved: dict[str, Any], path: Path) -> None:
         section = "strategy" if key == "replica" else key
         try:
             target.load_state_dict(saved[key])
-        except (RuntimeError, ValueError, KeyError, TypeError, IndexError):
-            # torch's own errors: tensors missing, unexpected or of other shapes
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+            # torch's own errors: tensors missing, unexpected or of other shapes; the
+            # replica's name the place in the strategy's state
+            why = f" ({str(e).splitlines()[0]})" if key == "replica" else ""
             raise UserError(f"{path} was written by another {section}: it does not fit "
-                            f"{section}.name = '{config[section]['name']}'; resume with the "
-                            f"{section}.name it was written with, or start a new run") from None
+                            f"{section}.name = '{config[section]['name']}'{why}; resume with "
+                            f"the {section}.name it was written with (and the fastsgd "
+                            "version, the model), or start a new run") from None
     for group, own in zip(ctx.optimizer.param_groups, settings, strict=True):
         params = group["params"]
         group.clear()
