@@ -35,7 +35,7 @@ def plain(steps: int, device: str, precision: str) -> float:
     data = load_dataset("text", context=SIZE["context"])
     model = GPT(data.num_classes, **SIZE).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
-    shard = Shard(data.train_x, data.train_y, BATCH, 0, 1, seed=0)
+    shard = Shard(data.train_x, data.train_y, BATCH, 0, 1, seed=0, tokens=data.train_tokens)
     times = []
     for k in range(steps):
         start = time.perf_counter()
