@@ -1,6 +1,6 @@
 """One profile of compute per workload: simulated cells under `compute.model = "profile"`
 (the default) that run the same job, strategy aside (the model, data, batch, run.accumulate,
-run.precision, optimizer and codec: profiling.workload), are charged the same forward,
+run.precision, optimizer and codec: fingerprint.workload), are charged the same forward,
 backward, update, codec and reduce_bandwidth, as docs/simulator.md promises strategies are
 compared (each profiling on its own, two cells' forward had come out 24% apart).
 
@@ -20,7 +20,8 @@ from typing import Any
 
 from fastsgd.bench.spec import Cell
 from fastsgd.config import schema as cfg
-from fastsgd.loop.profiling import KEYS, workload
+from fastsgd.loop.fingerprint import workload
+from fastsgd.loop.profiling import KEYS
 
 
 def workload_of(cell: Cell) -> str | None:

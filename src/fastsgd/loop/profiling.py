@@ -7,13 +7,13 @@ throwaway copy of the model, with worker 0's batches; a step is a worker's: run.
 forward and backward passes of data.batch_size (run.precision's), summed, then one update.
 
 With the times, profile writes `compute.profiled`: what they were measured for (the keys
-that change them: the model, its step, its parameters' count and dtype, the input's shape,
-the batch size, run.accumulate and run.precision, the optimizer but its learning rate, the
-codec, the strategy) and the times themselves. A config whose times were measured for
-another job (the same config.toml with another batch size or codec) is profiled again;
-another seed or number of workers keeps them, and another strategy measures only its own
-round (`compute.strategy`: an average, an outer step, on one worker alone, charged per share
-of the model a round covers: Context.worked), so strategies are compared on the same
+that change them, loop/fingerprint.py: the model, its step, its parameters' count and dtype,
+the input's shape, the batch size, run.accumulate and run.precision, the optimizer but its
+learning rate, the codec, the strategy) and the times themselves. A config whose times were
+measured for another job (the same config.toml with another batch size or codec) is profiled
+again; another seed or number of workers keeps them, and another strategy measures only its
+own round (`compute.strategy`: an average, an outer step, on one worker alone, charged per
+share of the model a round covers: Context.worked), so strategies are compared on the same
 forward, backward and update (so do a bench's cells: bench/profiles.py)."""
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from fastsgd.config import schema as cfg
 from fastsgd.config.units import format_ns
 from fastsgd.errors import UserError
 from fastsgd.loop.checked_step import StepChecks
+from fastsgd.loop.fingerprint import ADDED, but_strategy, fingerprint
 from fastsgd.loop.kit.precision import Precision
 from fastsgd.loop.plan import Plan
 from fastsgd.loop.replica import Replica, replica_tensors
@@ -39,13 +40,6 @@ from fastsgd.transport.base import Done
 from fastsgd.transport.sim.compute import TIMES
 
 KEYS = (*TIMES, "profiled")  # what profile writes into [compute]
-# config keys whose value the times depend on, beside the optimizer's (but lr), the codec's
-# and the strategy's; the last three came later: a profile written before them had their
-# defaults (one pass of data.batch_size, no autocast), which _difference assumes
-CONFIG_KEYS = ("model.name", "model.step", "model.packed", "data.name", "data.batch_size",
-               "run.accumulate", "run.precision", "model.heads")
-ADDED = CONFIG_KEYS[-3:]
-SECTIONS = ("optimizer", "compression", "strategy")  # every key of theirs, but lr
 
 
 def needs_profile(section: dict) -> bool:
@@ -64,7 +58,7 @@ def profiled(plan: Plan) -> dict[str, Any]:
         changed = _difference(section["profiled"], measured_for)
         if changed is None:
             return {}
-        if _difference(_but_strategy(section["profiled"]), _but_strategy(measured_for)) is None:
+        if _difference(but_strategy(section["profiled"]), but_strategy(measured_for)) is None:
             kept = {k: section[k] for k in TIMES}
             kept["strategy"] = _time(_strategy_seconds(plan, 3, 10))
             return {**kept, "profiled": {**measured_for, **kept}}
@@ -72,41 +66,6 @@ def profiled(plan: Plan) -> dict[str, Any]:
               "profiling again", file=sys.stderr, flush=True)
     times = profile(plan)
     return {**times, "profiled": {**measured_for, **times}}
-
-
-def fingerprint(plan: Plan) -> dict[str, Any]:
-    """What the profiled times were measured for: the config keys and the model's
-    properties that change them (flat, as the keys are named)."""
-    with torch.random.fork_rng(devices=[]):  # the run's random draws stay as they were
-        params = list(plan.make_model().parameters())
-    out = _config_keys(plan.config)
-    out.update({"input_shape": list(plan.dataset.train_x.shape[1:]),
-                "parameters": sum(p.numel() for p in params),
-                "dtype": ",".join(sorted({str(p.dtype).removeprefix("torch.") for p in params}))})
-    return out
-
-
-def _config_keys(config: dict) -> dict[str, Any]:
-    """The fingerprint's config keys, as written (a value TOML cannot hold: its repr)."""
-    out = {key: config[key.partition(".")[0]][key.partition(".")[2]] for key in CONFIG_KEYS}
-    for section in SECTIONS:
-        out.update({f"{section}.{k}": v if isinstance(v, (str, int, float, bool, list))
-                    else repr(v) for k, v in config[section].items() if k != "lr"})
-    return out
-
-
-def workload(config: dict) -> dict[str, Any]:
-    """What a config's times are a function of, its strategy aside: the fingerprint's keys,
-    and for what the fingerprint reads off the model and data (the parameters, the input's
-    shape), the model's and data's sections whole. Cells of a bench that agree on it share
-    one profile (bench/profiles.py)."""
-    whole = {f"{s}.{k}": v for s in ("model", "data") for k, v in config[s].items()}
-    return _but_strategy({**_config_keys(config), **whole})
-
-
-def _but_strategy(measured_for: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in measured_for.items()
-            if not k.startswith("strategy.") and k != "strategy"}
 
 
 def _difference(written: dict[str, Any], now: dict[str, Any]) -> str | None:

@@ -1,5 +1,6 @@
 """Stochastic gradient push: asynchronous decentralized averaging in which nobody waits
-for the slowest worker (the pairwise kind, adpsgd, is in pairwise.py).
+for the slowest worker (the pairwise kind, adpsgd, is in pairwise.py; the arithmetic of
+both averages, in async_averages.py).
 
 - `sgp`: stochastic gradient push (Assran et al. 2019): push-sum on directed, time-varying
   graphs (default: the one-peer exponential graph). Each worker keeps a numerator x and a
@@ -38,6 +39,7 @@ import torch
 
 from fastsgd.compress.wire import pack, unpack
 from fastsgd.config.options import Option, at_least, between
+from fastsgd.strategies.async_averages import push_sum, push_sum_in_place, sent_copy
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.gossip import (
@@ -46,13 +48,11 @@ from fastsgd.strategies.gossip import (
     Edge,
     OnGraph,
     auto_gamma,
-    edge_copy,
     opens_late,
-    send_start,
     take_start,
 )
 from fastsgd.strategies.membership import await_messages
-from fastsgd.strategies.params import assign, flatten, mix_into
+from fastsgd.strategies.params import assign, flatten
 from fastsgd.transport.base import Handle, PeerLost
 
 Params = list[torch.nn.Parameter]
@@ -129,9 +129,9 @@ class SGP(OnGraph):
                                      default=0)
         z = None  # exact: mixed into the parameters themselves
         if self._codec.kind == "exact":
-            self._mix_in_place(t, params, peers, share, ready, state)
+            push_sum_in_place(t, params, peers, share, ready, state)
         else:
-            z = self._mixed(params, peers, share, ready, state)
+            z = push_sum(self._codec, params, peers, share, ready, state)
         del ready
         if ctx.last_step and self.average_at_end:
             # the plain mean of the de-biased models, as run.representative = "average"
@@ -160,47 +160,6 @@ class SGP(OnGraph):
         if self.max_in_flight:  # else nothing waits for them
             self._in_flight.append(pushed)
         return [(p, t.returned_at(p, ctx.step)) for p in peers], share  # a copy per edge
-
-    def _mix_in_place(self, t, params: Params, peers: list[Edge], share: torch.Tensor,
-                      ready: list[tuple[Edge, dict[str, torch.Tensor]]],
-                      state: dict[str, Any]) -> None:
-        """Exact codec: the parameters become the de-biased model x / w, once the shares sent
-        have left and those that came are added, computed as the convex combination it is,
-        (w_kept z + sum_j w_j z_j) / w, in place and in the model's dtype (the weights in
-        float64): no model-sized numerator, no copy back. w goes into `state`."""
-        w = state["weight"].clone()
-        for _ in peers:  # each peer got z and a share of w
-            w -= share
-        kept, came = w.clone(), []
-        for _, payload in ready:  # exact: the sender's parameters, as they were
-            came.append((payload["values"], payload["weight"]))
-            w += payload["weight"]
-        state["weight"] = w
-        if not came:  # x / w is z itself
-            return
-        terms = [(None, float(kept / w)), *((values, float(weight / w)) for values, weight in came)]
-        t.defer(lambda: mix_into(params, terms))  # read by the next step only: maybe on a lane
-
-    def _mixed(self, params: Params, peers: list[Edge], share: torch.Tensor,
-               ready: list[tuple[Edge, dict[str, torch.Tensor]]],
-               state: dict[str, Any]) -> torch.Tensor:
-        """Lossy codecs: the de-biased model x / w, in float64, once the shares sent have left
-        (x loses them as the changes since the edges' copies) and the shares that came are
-        added; w goes into `state`. One float64 temporary (in-place products and sums), and
-        the flat model the codec's decode is shaped like."""
-        z, w = flatten(params), state["weight"].clone()
-        x = flatten(params, torch.float64).mul_(state["weight"])
-        for edge in peers:
-            w -= share
-            x.sub_(state["sent"][edge], alpha=float(share))
-        for edge, payload in ready:
-            weight = payload.pop("weight")
-            del payload["number"]
-            share_of = edge_copy(state, "received", edge).add_(self._codec.decode(payload, z))
-            x.add_(share_of, alpha=float(weight))
-            w += weight
-        state["weight"] = w
-        return x.div_(w)
 
     def settle(self, params: Params, state: dict[str, Any], ctx: Context) -> None:
         """Before a checkpoint: take in every push sent to this worker so far; they wait in
@@ -247,9 +206,7 @@ class SGP(OnGraph):
             uniform = len({p.dtype for p in params}) == 1
             fields: dict[str, Any] = {"values": params if uniform else flatten(params)}
         else:
-            if edge not in state["sent"] and opens_late(self._since, edge):
-                send_start(t, state, "sent", edge, z)
-            copy = edge_copy(state, "sent", edge)
+            copy = sent_copy(t, state, "sent", edge, self._since, z)
             fields = self._codec.compress((z.double() - copy).to(z.dtype))
         buffer = pack({**fields, "weight": share,
                        "number": torch.tensor(number, device=share.device)})

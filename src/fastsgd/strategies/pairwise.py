@@ -35,10 +35,15 @@ from typing import Any
 
 import torch
 
-from fastsgd.compress.collectives import decode_buffer
-from fastsgd.compress.wire import pack
 from fastsgd.config.options import Option, at_least
 from fastsgd.errors import UserError
+from fastsgd.strategies.async_averages import (
+    pair_answer,
+    pair_answered,
+    pair_request,
+    sent_copy,
+    taken_copy,
+)
 from fastsgd.strategies.base import Context
 from fastsgd.strategies.capabilities import Capabilities
 from fastsgd.strategies.gossip import (
@@ -46,9 +51,6 @@ from fastsgd.strategies.gossip import (
     TOPOLOGY_OPTIONS,
     OnGraph,
     edge_copy,
-    opens_late,
-    send_start,
-    take_start,
 )
 from fastsgd.strategies.params import assign, flatten
 from fastsgd.transport.base import PeerLost
@@ -133,15 +135,11 @@ class ADPSGD(OnGraph):
         assign(params, x)
 
     def _request(self, t, peer: int, x: torch.Tensor, state: dict[str, Any], step: int) -> None:
-        if self._codec.kind == "exact":  # x itself: no copy to keep
-            payload = pack(self._codec.compress(x))
-        else:
+        copy = None  # the exact codec: x itself, no copy to keep
+        if self._codec.kind != "exact":
             pair = (peer, t.returned_at(peer, step))
-            if pair not in state["copies"] and opens_late(self._since, pair):
-                send_start(t, state, "copies", pair, x)
-            copy = edge_copy(state, "copies", pair)
-            payload = pack(self._codec.compress(x - copy))
-            copy += decode_buffer(self._codec, payload, x, t.rank)
+            copy = sent_copy(t, state, "copies", pair, self._since, x)
+        payload = pair_request(self._codec, x, copy, t.rank)
         t.post(_tagged(REQUEST, self._since, step, step, payload), peer, PAIR)
         self._waiting_on = self._count(t, peer, step)
 
@@ -199,18 +197,8 @@ class ADPSGD(OnGraph):
             return x
         lossy = codec.kind != "exact"  # a copy per pair of processes (gossip.edge_copy)
         if kind == REQUEST:
-            late = lossy and (src, since) not in state["copies"] and opens_late(self._since,
-                                                                                (src, since))
-            if late:
-                take_start(t, state, "copies", (src, since))
-            copy = edge_copy(state, "copies", (src, since)) if lossy else None
-            theirs = decode_buffer(codec, payload, x, src)
-            if copy is not None:
-                theirs = copy.add_(theirs)
-            answer = pack(codec.compress((theirs - x) / 2))
-            d = decode_buffer(codec, answer, x, t.rank)
-            if copy is not None:
-                copy -= d
+            copy = taken_copy(t, state, "copies", (src, since), self._since) if lossy else None
+            answer, d = pair_answer(codec, payload, x, copy, src, t.rank)
             t.post(_tagged(ANSWER, since, asked_at, step, answer), src, PAIR)  # to the asker
             self._answered[src, since] = self._answered.get((src, since), 0) + 1
             lags.append(step - asked_at)
@@ -220,10 +208,7 @@ class ADPSGD(OnGraph):
         copy = edge_copy(state, "copies", self._waiting_on) if lossy else None
         self._waiting_on = None
         lags.append(step - asked_at)
-        d = decode_buffer(codec, payload, x, src)
-        if copy is not None:
-            copy -= d
-        return x - d
+        return pair_answered(codec, payload, x, copy, src)
 
     def _drain(self, t, x: torch.Tensor, state: dict[str, Any], step: int) -> torch.Tensor:
         """Collective: answer every request still coming from a live peer's process of
