@@ -65,7 +65,6 @@ def test_what_does_not_change_the_times_keeps_them(options, profiled, tmp_path, 
 
 @pytest.mark.parametrize("options, named", [
     ({"data.batch_size": 64}, "data.batch_size = 16, this run has 64"),
-    ({"compression.name": "topk"}, "compression.name = 'none', this run has 'topk'"),
     ({"model.name": "lenet", "data.name": "synthetic"}, "model.name = 'mlp', this run has 'lenet'"),
 ])
 def test_what_changes_the_times_profiles_again(options, named, profiled, tmp_path, capsys):
@@ -74,8 +73,18 @@ def test_what_changes_the_times_profiles_again(options, named, profiled, tmp_pat
                              "profiling again\n")
     assert all(again["profiled"][k] == again[k] for k in TIMES)
     assert all(again["profiled"][k] == v for k, v in options.items())
-    if "compression.name" in options:
-        assert again["codec"] != "0us"  # the codec is timed now
+
+
+def test_another_codec_measures_only_its_own_encode_and_decode(profiled, tmp_path, capsys):
+    """Codecs are compared on the same forward, backward and update, as strategies are."""
+    again = _again(profiled, tmp_path / "b", capsys, **{"compression.name": "topk"})
+    written = cfg.load(CHOICES, profiled)["compute"]
+    assert again["said"] == ""
+    same = ("forward", "backward", "update", "reduce_bandwidth")
+    assert {k: again[k] for k in same} == {k: written[k] for k in same}
+    assert written["codec"] == "0us" and again["codec"] != "0us"  # timed now
+    assert all(again["profiled"][k] == again[k] for k in TIMES)
+    assert again["profiled"]["compression.name"] == "topk"
 
 
 @pytest.mark.parametrize("options", [{"compute.forward": "1ms"},

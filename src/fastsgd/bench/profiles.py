@@ -1,12 +1,13 @@
 """One profile of compute per workload: simulated cells under `compute.model = "profile"`
-(the default) that run the same job, strategy aside (the model, data, batch, run.accumulate,
-run.precision, optimizer and codec: fingerprint.workload), are charged the same forward,
-backward, update, codec and reduce_bandwidth, as docs/simulator.md promises strategies are
-compared (each profiling on its own, two cells' forward had come out 24% apart).
+(the default) that run the same job, strategy and codec aside (the model, data, batch,
+run.accumulate, run.precision and optimizer: fingerprint.workload), are charged the same
+forward, backward, update and reduce_bandwidth, as docs/simulator.md promises strategies
+and codecs are compared (each profiling on its own, two cells' forward had come out 24%
+apart).
 
 The first cell of a workload to run measures them, as any run does, into its config.toml;
 the others run after it, given its times and what they were measured for (compute.profiled),
-and so measure only their own strategy's round (profiling.profiled), whichever node runs
+and so measure only their own strategy's round and codec (profiling.profiled), whichever node runs
 them. A cell done before (a bench run again, with a longer axis) is such a first cell. The
 cell's own check stays: where its fingerprint is not the times' after all, it profiles again,
 in one line naming the key. A cell's id is its spec's configuration, without these times."""

@@ -43,14 +43,19 @@ def _config_keys(config: dict) -> dict[str, Any]:
 
 
 def workload(config: dict) -> dict[str, Any]:
-    """What a config's times are a function of, its strategy aside: the fingerprint's keys,
-    and for what the fingerprint reads off the model and data (the parameters, the input's
-    shape), the model's and data's sections whole. Cells of a bench that agree on it share
-    one profile (bench/profiles.py)."""
+    """What a config's times are a function of, its strategy and codec aside: the
+    fingerprint's keys, and for what the fingerprint reads off the model and data (the
+    parameters, the input's shape), the model's and data's sections whole. Cells of a bench
+    that agree on it share one profile (bench/profiles.py)."""
     whole = {f"{s}.{k}": v for s in ("model", "data") for k, v in config[s].items()}
-    return but_strategy({**_config_keys(config), **whole})
+    return but_exchange({**_config_keys(config), **whole})
 
 
-def but_strategy(measured_for: dict[str, Any]) -> dict[str, Any]:
+EXCHANGE = ("strategy", "compression")  # what moves the gradients, not what makes them
+
+
+def but_exchange(measured_for: dict[str, Any]) -> dict[str, Any]:
+    """What the forward, backward and update times depend on: all but the strategy's and
+    the codec's keys (and the times of their own)."""
     return {k: v for k, v in measured_for.items()
-            if not k.startswith("strategy.") and k != "strategy"}
+            if k.partition(".")[0] not in EXCHANGE and k not in ("strategy", "codec")}

@@ -10,11 +10,12 @@ With the times, profile writes `compute.profiled`: what they were measured for (
 that change them, loop/fingerprint.py: the model, its step, its parameters' count and dtype,
 the input's shape, the batch size, run.accumulate and run.precision, the optimizer but its
 learning rate, the codec, the strategy) and the times themselves. A config whose times were
-measured for another job (the same config.toml with another batch size or codec) is profiled
+measured for another job (the same config.toml with another batch size) is profiled
 again; another seed or number of workers keeps them, and another strategy measures only its
 own round (`compute.strategy`: an average, an outer step, on one worker alone, charged per
-share of the model a round covers: Context.worked), so strategies are compared on the same
-forward, backward and update (so do a bench's cells: bench/profiles.py)."""
+share of the model a round covers: Context.worked) and another codec its encode and decode
+(`compute.codec`), so strategies and codecs are compared on the same forward, backward and
+update (so do a bench's cells: bench/profiles.py)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from fastsgd.config import schema as cfg
 from fastsgd.config.units import format_ns
 from fastsgd.errors import UserError
 from fastsgd.loop.checked_step import StepChecks
-from fastsgd.loop.fingerprint import ADDED, but_strategy, fingerprint
+from fastsgd.loop.fingerprint import ADDED, but_exchange, fingerprint
 from fastsgd.loop.kit.precision import Precision
 from fastsgd.loop.plan import Plan
 from fastsgd.loop.replica import Replica, replica_tensors
@@ -58,9 +59,8 @@ def profiled(plan: Plan) -> dict[str, Any]:
         changed = _difference(section["profiled"], measured_for)
         if changed is None:
             return {}
-        if _difference(but_strategy(section["profiled"]), but_strategy(measured_for)) is None:
-            kept = {k: section[k] for k in TIMES}
-            kept["strategy"] = _time(_strategy_seconds(plan, 3, 10))
+        if _difference(but_exchange(section["profiled"]), but_exchange(measured_for)) is None:
+            kept = {**{k: section[k] for k in TIMES}, **_exchange_times(plan, 3, 10)}
             return {**kept, "profiled": {**measured_for, **kept}}
         print(f"fastsgd: compute.profiled: the times were measured for {changed}; "
               "profiling again", file=sys.stderr, flush=True)
@@ -212,10 +212,14 @@ def _strategy_round(plan: Plan, model: torch.nn.Module) -> Callable[[], None] | 
     return round_
 
 
-def _strategy_seconds(plan: Plan, warmup: int, repeat: int) -> float:
-    """compute.strategy alone (another strategy, the same job)."""
-    rounds = _steps(plan, warmup, repeat)[0]["strategy"]
-    return statistics.median(rounds) if rounds else 0.0
+def _exchange_times(plan: Plan, warmup: int, repeat: int) -> dict[str, str]:
+    """compute.strategy and compute.codec alone (another strategy or codec, the same job:
+    its forward, backward and update are the profile's)."""
+    rounds, model = _steps(plan, warmup, repeat)
+    flat = flatten(list(model.parameters()))
+    return {"strategy": _time(statistics.median(rounds["strategy"]) if rounds["strategy"]
+                              else 0.0),
+            "codec": _time(_codec_seconds(plan, flat, warmup, repeat))}
 
 
 def _codec_seconds(plan: Plan, flat: torch.Tensor, warmup: int, repeat: int) -> float:
