@@ -19,8 +19,10 @@ from fastsgd.control.slots import Slots
 from fastsgd.errors import UserError
 from tests.faults.helpers import assert_joined_from_a_live_state
 
-STEPS, KILLED_AT = 900, 40
-# each step sleeps 7 of its compute: about 15 s in all, time enough for the joiners to start
+STEPS, KILLED_AT = 450, 40
+# each step sleeps 7 of its compute: about 9 s in all, time enough for the joiners to start
+# (the second was let in at step 136 to 165, quiet or beside 7 busy processes, 2026-12-08: the
+# sleeps stretch with the compute as the joiners' start-up does); 900 steps waited 10 s more
 SLOW = "[8, 8, 8, 8]"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

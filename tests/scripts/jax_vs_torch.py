@@ -3,8 +3,14 @@ parameters, one per strategy; prints each one's accuracy (the mean of its last t
 evaluations) as JSON.
 
     python tests/scripts/jax_vs_torch.py jax|torch run|simulate STEPS WORKERS OUT STRATEGY...
+        [--schedule=NAME]
 
-A process of its own: forked workers need a process that has not run JAX yet.
+The learning rate is constant unless --schedule names an optimizer.schedule (e.g. cosine).
+jax|torch may also be a list, torch,jax: each framework in turn, in this process (one
+start-up), in OUT/FRAMEWORK, printed as {framework: {strategy: accuracy}}.
+
+A process of its own: forked workers need a process that has not run JAX yet (a real run
+after a simulated JAX one is refused).
 """
 
 import json
@@ -30,7 +36,22 @@ def torch_mlp_params() -> list[dict]:
 
 
 def main() -> None:
-    framework, mode, steps, workers, out, *strategies = sys.argv[1:]
+    schedule = [a for a in sys.argv[1:] if a.startswith("--schedule=")]
+    frameworks, mode, steps, workers, out, *strategies = (
+        a for a in sys.argv[1:] if a not in schedule)
+    options = {"optimizer.schedule": schedule[-1].split("=", 1)[1]} if schedule else {}
+    if "," not in frameworks:
+        print(json.dumps(accuracies(frameworks, mode, int(steps), int(workers), out,
+                                    strategies, options)))
+        return
+    print(json.dumps({framework: accuracies(framework, mode, int(steps), int(workers),
+                                            f"{out}/{framework}", strategies, options)
+                      for framework in frameworks.split(",")}))
+
+
+def accuracies(framework: str, mode: str, steps: int, workers: int, out: str,
+               strategies: list[str], options: dict) -> dict[str, float]:
+    """{strategy: accuracy} of `framework`'s MLP, each strategy's run in OUT/STRATEGY."""
     if framework == "jax":
         import jax_mlp
 
@@ -41,15 +62,15 @@ def main() -> None:
         model = "mlp"
     accuracy = {}
     for strategy in strategies:
-        options = {"run.workers": int(workers), "run.steps": int(steps), "run.seed": SEED,
-                   "run.eval_every": int(steps) // 6, "strategy.name": strategy,
-                   "run.out": f"{out}/{strategy}", "compute.model": "fixed",
-                   "compute.step_time": "5ms"}
-        job = fs.Job(model=model, data="fashion_mnist", options=options, quiet=True)
+        settings = {"run.workers": workers, "run.steps": steps, "run.seed": SEED,
+                    "run.eval_every": steps // 6, "strategy.name": strategy,
+                    "run.out": f"{out}/{strategy}", "compute.model": "fixed",
+                    "compute.step_time": "5ms", **options}
+        job = fs.Job(model=model, data="fashion_mnist", options=settings, quiet=True)
         result = job.simulate() if mode == "simulate" else job.run()
         last = [e["accuracy"] for e in result.evals()][-3:]
         accuracy[strategy] = sum(last) / len(last)
-    print(json.dumps(accuracy))
+    return accuracy
 
 
 if __name__ == "__main__":
