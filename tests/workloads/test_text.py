@@ -142,6 +142,34 @@ def test_gpt_ties_its_output_to_the_embedding_and_is_causal():
         GPT(256, heads=3, width=32)
 
 
+def test_gpt_dropout_draws_in_training_only():
+    torch.manual_seed(0)
+    model = GPT(256, context=16, layers=1, heads=2, width=32, dropout=0.2)
+    ids = torch.randint(0, 256, (2, 16))
+    assert not torch.equal(model(ids), model(ids))  # two draws
+    model.eval()
+    assert torch.equal(model(ids), model(ids))
+    with pytest.raises(UserError, match=r"model\.dropout = 1\.0 must be in \[0, 1\)"):
+        GPT(256, dropout=1.0)
+
+
+def test_a_simulated_gpt_with_dropout_repeats_bit_for_bit(tmp_path):
+    """Dropout draws from torch's generator, which the simulated workers share: the
+    simulator computes such steps in its own order (lanes.draws_random), so a run repeats."""
+    options = {"model.name": "gpt", "data.name": "text", "data.path": str(_corpus(tmp_path / "c")),
+               "model.context": 16, "model.layers": 1, "model.width": 16, "model.heads": 2,
+               "model.dropout": 0.1, "run.steps": 6, "run.workers": 3, "data.batch_size": 4,
+               "run.eval_every": 0, "compute.model": "fixed", "compute.step_time": "1ms"}
+    models = [torch.load(fastsgd.Job(quiet=True, options={**options, "run.out": str(out)})
+                         .simulate().run_dir / "model.pt", weights_only=True)
+              for out in (tmp_path / "a", tmp_path / "b")]
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
+    plain = fastsgd.Job(quiet=True, options={**options, "model.dropout": 0.0,
+                                             "run.out": str(tmp_path / "p")}).simulate()
+    undropped = torch.load(plain.run_dir / "model.pt", weights_only=True)
+    assert not all(torch.equal(models[0][k], undropped[k]) for k in undropped)
+
+
 @pytest.mark.multiproc
 def test_the_gpt_learns_bytes_on_four_workers(tmp_path, capsys):
     job = fastsgd.Job(quiet=True, options={

@@ -137,6 +137,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "heads": Option(int, 4, at_least(1), "gpt: attention heads (divide model.width)"),
         "width": Option(int, 128, at_least(1), "gpt: embedding width"),
         "context": Option(int, 128, at_least(1), "gpt: tokens a sequence holds"),
+        "dropout": Option(float, 0.0, _below_one, "gpt: dropout on the embeddings, the "
+                          "attention weights and each block's outputs, in training"),
         "step": Option(str, "cross_entropy",
                        doc="loss of a batch: cross_entropy (next-token on text, mean "
                        "squared error on a regression's data) | model_loss (the model's "

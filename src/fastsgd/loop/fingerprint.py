@@ -13,11 +13,12 @@ import torch
 from fastsgd.loop.plan import Plan
 
 # config keys whose value the times depend on, beside the optimizer's (but lr), the codec's
-# and the strategy's; the last three came later: a profile written before them had their
-# defaults (one pass of data.batch_size, no autocast), which profiling._difference assumes
+# and the strategy's; the last four came later: a profile written before them had their
+# defaults (one pass of data.batch_size, no autocast, no dropout), which
+# profiling._difference assumes
 CONFIG_KEYS = ("model.name", "model.step", "model.packed", "data.name", "data.batch_size",
-               "run.accumulate", "run.precision", "model.heads")
-ADDED = CONFIG_KEYS[-3:]
+               "run.accumulate", "run.precision", "model.heads", "model.dropout")
+ADDED = CONFIG_KEYS[-4:]
 SECTIONS = ("optimizer", "compression", "strategy")  # every key of theirs, but lr
 
 

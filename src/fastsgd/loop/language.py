@@ -108,7 +108,7 @@ def gpt_factory(section: dict[str, Any], dataset: Dataset) -> Callable[[], torch
     if dataset.kind == "images":
         raise UserError(f"model.name = 'gpt' takes text or tokens (data.name); "
                         f"'{dataset.name}' holds images")
-    sizes = {k: section[k] for k in ("context", "layers", "heads", "width")}
+    sizes = {k: section[k] for k in ("context", "layers", "heads", "width", "dropout")}
 
     def make() -> torch.nn.Module:
         return GPT(dataset.num_classes, **sizes)

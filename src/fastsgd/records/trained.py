@@ -35,7 +35,7 @@ def trained_gpt(run_dir: Path) -> tuple[GPT, str]:
     state = torch.load(run_dir / "model.pt", weights_only=True, map_location="cpu")
     section = config["model"]
     model = GPT(state["tokens.weight"].shape[0], section["context"], section["layers"],
-                section["heads"], section["width"])
+                section["heads"], section["width"])  # no dropout: it only samples
     model.load_state_dict(state)
     summary = run_dir / "summary.json"
     kind = json.loads(summary.read_text()).get("data_kind") if summary.is_file() else None

@@ -2,7 +2,8 @@
 and position embeddings, pre-norm blocks of causal self-attention (through
 scaled_dot_product_attention) and a 4x GELU MLP, a final LayerNorm and an output layer tied
 to the token embedding. Initialised as GPT-2: normal(0, 0.02), the residual projections
-scaled by 1/sqrt(2 * layers)."""
+scaled by 1/sqrt(2 * layers). Dropout, where set, as nanoGPT places it: on the embeddings,
+the attention weights and each residual branch's output, in training only."""
 
 from __future__ import annotations
 
@@ -18,30 +19,32 @@ from fastsgd.errors import UserError
 class SelfAttention(nn.Module):
     """Causal multi-head self-attention."""
 
-    def __init__(self, width: int, heads: int) -> None:
+    def __init__(self, width: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
-        self.heads = heads
+        self.heads, self.dropout = heads, dropout
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
+        self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
 
 
 class Block(nn.Module):
     """x + attention(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, width: int, heads: int) -> None:
+    def __init__(self, width: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(width)
-        self.attention = SelfAttention(width, heads)
+        self.attention = SelfAttention(width, heads, dropout)
         self.norm2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
-                                 nn.Linear(4 * width, width))
+                                 nn.Linear(4 * width, width), nn.Dropout(dropout))
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attention(self.norm1(x))
@@ -52,14 +55,17 @@ class GPT(nn.Module):
     """Next-token logits (B, T, vocab) of token ids (B, T), T <= context."""
 
     def __init__(self, vocab: int, context: int = 128, layers: int = 4, heads: int = 4,
-                 width: int = 128) -> None:
+                 width: int = 128, dropout: float = 0.0) -> None:
         super().__init__()
         if width % heads:
             raise UserError(f"model.heads = {heads} does not divide model.width = {width}")
+        if not 0 <= dropout < 1:
+            raise UserError(f"model.dropout = {dropout} must be in [0, 1)")
         self.context = context
         self.tokens = nn.Embedding(vocab, width)
         self.positions = nn.Embedding(context, width)
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(width, heads, dropout) for _ in range(layers))
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab, bias=False)
         self.head.weight = self.tokens.weight  # tied (Press & Wolf, 2017)
@@ -73,7 +79,7 @@ class GPT(nn.Module):
         if t > self.context:
             raise UserError(f"a sequence of {t} tokens is longer than model.context = "
                             f"{self.context}")
-        x = self.tokens(ids) + self.positions(torch.arange(t, device=ids.device))
+        x = self.drop(self.tokens(ids) + self.positions(torch.arange(t, device=ids.device)))
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
